@@ -1,0 +1,279 @@
+"""Kernel vs fallback, side by side in one run, on the current GPU (written for the H200).
+
+Cold L2: every timed call reads a different copy of the weights (copies total >= 512 MB, the L2 is
+60 MB). GPU time per call = (CUDA-graph replay of one call per copy) / copies, median of 15 replays.
+Eager wall time per call = host loop of real op calls + synchronize. Writes bench.json and one PNG
+per op to $OUT (or ./out). Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/bench_ops.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import hwprofile
+from hwprofile import jit, ops
+
+OUT = Path(os.environ.get("OUT", "out"))
+OUT.mkdir(parents=True, exist_ok=True)
+dev = torch.device("cuda:0")
+ROT_BYTES = 512 << 20
+
+
+def graph_time(fn, calls: int, reps: int = 15) -> tuple[float, float]:
+    """Median and spread (max-min)/median of GPU microseconds per call of fn(i), i over calls."""
+    for i in range(calls):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            for i in range(calls):
+                fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / calls)
+    med = statistics.median(times)
+    return med, (max(times) - min(times)) / med
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, min(64, math.ceil(ROT_BYTES / nbytes)))
+
+
+def copy_bw() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1000)
+    return 2 * a.numel() / statistics.median(ts) / 1e12
+
+
+def kernel_caller(t: ops._Table, op: str, x, ws, scales, out, mode=0):
+    m, k = x.shape
+    n = ws[0].shape[0]
+    assert ops._run_kernel(t, op, out, x, ws[0], scales[0] if scales else None, m, n, k, mode)
+
+    def f(i: int) -> None:
+        ops._run_kernel(t, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode)
+
+    return f
+
+
+def main() -> None:
+    hwprofile.reset()
+    prof = hwprofile.profile(0)
+    t = ops._table(0)
+    print(f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, fingerprint {prof.fingerprint}")
+    res: dict[str, object] = {"device": prof.device.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "cublas": torch.backends.cuda.preferred_blas_library().name if hasattr(torch.backends.cuda, "preferred_blas_library") else "?"}
+    bw = copy_bw()
+    res["copy_tbps"] = bw
+    print(f"copy bandwidth {bw:.2f} TB/s")
+
+    # --- router GEMM -------------------------------------------------------------------------
+    rows = []
+    for n in (256, 384):
+        k = 7168
+        ws = [torch.randn(n, k, device=dev).bfloat16() for _ in range(copies_for(n * k * 2))]
+        for m in range(1, 17):
+            x = torch.randn(m, k, device=dev).bfloat16()
+            out = torch.empty(m, n, device=dev)
+            kt, kn = graph_time(kernel_caller(t, "router_gemm", x, ws, None, out), len(ws))
+            ft, fn_ = graph_time(lambda i: torch.mm(x, ws[i].t(), out_dtype=torch.float32), len(ws))
+            ref = x.double() @ ws[0].double().t()
+            err = float((ops.router_gemm(x, ws[0]).double() - ref).norm() / ref.norm())
+            # eager wall time per call: the op (kernel path) vs the fallback call
+            w0 = ws[0]
+            for fn in (lambda: ops.router_gemm(x, w0), lambda: torch.mm(x, w0.t(), out_dtype=torch.float32)):
+                fn()
+            torch.cuda.synchronize()
+            walls = []
+            for fn in (lambda: ops.router_gemm(x, w0), lambda: torch.mm(x, w0.t(), out_dtype=torch.float32)):
+                t0 = time.perf_counter()
+                for _ in range(500):
+                    fn()
+                torch.cuda.synchronize()
+                walls.append((time.perf_counter() - t0) / 500 * 1e6)
+            rows.append({"m": m, "n": n, "k": k, "kernel_us": kt, "fallback_us": ft, "kernel_spread": kn, "fallback_spread": fn_, "rel_err": err, "eager_op_us": walls[0], "eager_fallback_us": walls[1]})
+            print(f"router M={m:2d} N={n}: kernel {kt:6.2f} us  cuBLAS {ft:6.2f} us  x{ft / kt:4.2f}  eager op {walls[0]:5.1f} vs {walls[1]:5.1f} us  err {err:.1e}")
+        del ws
+    res["router_gemm"] = rows
+
+    # --- linear_bf16_fp32 ----------------------------------------------------------------------
+    rows = []
+    for n in (256, 4096):
+        k = 7168
+        ws = [torch.randn(n, k, device=dev).bfloat16() for _ in range(copies_for(n * k * 2))]
+        for m in (1, 2, 4, 8, 16, 32, 64, 128):
+            x = torch.randn(m, k, device=dev).bfloat16()
+            out = torch.empty(m, n, device=dev)
+            kt = graph_time(kernel_caller(t, "linear_bf16_fp32", x, ws, None, out), len(ws))[0] if m <= 16 else float("nan")
+            ft = graph_time(lambda i: torch.mm(x, ws[i].t(), out_dtype=torch.float32), len(ws))[0]
+            rows.append({"m": m, "n": n, "k": k, "kernel_us": kt, "fallback_us": ft})
+            print(f"linear M={m:3d} N={n}: kernel {kt:7.2f} us  cuBLAS {ft:7.2f} us")
+        del ws
+    res["linear_bf16_fp32"] = rows
+
+    # --- GEMV bf16 and FP8 ----------------------------------------------------------------------
+    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168), (152064, 5120)]
+    grows, frows = [], []
+    for n, k in shapes:
+        wb = n * k * 2
+        ws = [torch.randn(n, k, device=dev).bfloat16() for _ in range(copies_for(wb))]
+        x = torch.randn(1, k, device=dev).bfloat16()
+        out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
+        kt, kn = graph_time(kernel_caller(t, "gemv", x, ws, None, out), len(ws))
+        ft, fn_ = graph_time(lambda i: F.linear(x, ws[i]), len(ws))
+        ref = x.double() @ ws[0].double().t()
+        out.fill_(float("nan"))
+        ops._run_kernel(t, "gemv", out, x, ws[0], None, 1, n, k)
+        err = float((out.double() - ref).norm() / ref.norm())
+        dec = ops.decide("gemv", prof, m=1, n=n, k=k).path
+        grows.append({"n": n, "k": k, "mb": wb / 1e6, "kernel_us": kt, "fallback_us": ft, "kernel_tbps": wb / kt / 1e6, "fallback_tbps": wb / ft / 1e6, "rel_err": err, "dispatch": dec, "kernel_spread": kn, "fallback_spread": fn_})
+        print(f"gemv N={n:6d} K={k:5d} ({wb / 1e6:6.0f} MB): kernel {kt:8.2f} us {wb / kt / 1e6:4.2f} TB/s  cuBLAS {ft:8.2f} us {wb / ft / 1e6:4.2f} TB/s  x{ft / kt:4.2f}  err {err:.1e}  -> {dec}")
+        del ws
+        fb = n * k
+        w8 = [(torch.randn(n, k, device=dev) * 3).to(torch.float8_e4m3fn) for _ in range(copies_for(fb))]
+        sc = [torch.rand(n, device=dev) + 0.5 for _ in w8]
+        out.fill_(float("nan"))
+        ops._run_kernel(t, "fp8_gemv", out, x, w8[0], sc[0], 1, n, k, ops.ROW_SCALE)
+        ref = x.double() @ (w8[0].double() * sc[0].double()[:, None]).t()
+        err8 = float((out.double() - ref).norm() / ref.norm())
+        k8, _ = graph_time(kernel_caller(t, "fp8_gemv", x, w8, sc, out, ops.ROW_SCALE), len(w8))
+        f8, _ = graph_time(lambda i: F.linear(x, (w8[i].float() * sc[i][:, None]).bfloat16()), len(w8)) if fb < (1 << 30) else (float("nan"), 0)
+        frows.append({"n": n, "k": k, "mb": fb / 1e6, "kernel_us": k8, "fallback_us": f8, "kernel_tbps": fb / k8 / 1e6, "vs_bf16_kernel": kt / k8, "rel_err": err8})
+        print(f"fp8  N={n:6d} K={k:5d} ({fb / 1e6:6.0f} MB): kernel {k8:8.2f} us {fb / k8 / 1e6:4.2f} TB/s  dequant+linear {f8:9.2f} us  x{kt / k8:4.2f} vs own bf16  err {err8:.1e}")
+        del w8, sc
+    res["gemv"] = grows
+    res["fp8_gemv"] = frows
+
+    # --- host overheads ------------------------------------------------------------------------
+    x = torch.randn(1, 4096, device=dev).bfloat16()
+    w = torch.randn(2048, 4096, device=dev).bfloat16()
+    y = torch.zeros(1024, device=dev)
+    launch = prof.kernels["gemv"].configure(m=1, n=2048, k=4096, split_k=True)
+    kern = jit.load(prof.kernels["gemv"], prof.target, launch, 0, ops._ARG_TYPES)
+    stream = torch.cuda.current_stream().cuda_stream
+    out = torch.empty(1, 2048, device=dev, dtype=torch.bfloat16)
+    args = (out.data_ptr(), x.data_ptr(), w.data_ptr(), 0, 2048, 4096)
+
+    def host(fn, n=3000) -> float:
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        return dt
+
+    pred = t.gemv
+    res["host_us"] = {
+        "dispatch_decision": host(lambda: pred.ok(2048, 4096), 200000),
+        "raw_launch": host(lambda: kern.launch(launch, stream, args)),
+        "ops.gemv": host(lambda: ops.gemv(x, w)),
+        "F.linear": host(lambda: F.linear(x, w)),
+        "torch add_": host(lambda: y.add_(1)),
+    }
+    print("host us per call:", {k: round(v, 2) for k, v in res["host_us"].items()})
+
+    # --- compile and cache load ----------------------------------------------------------------
+    import tempfile
+
+    os.environ["HWPROFILE_CACHE_DIR"] = tempfile.mkdtemp()
+    os.chmod(os.environ["HWPROFILE_CACHE_DIR"], 0o700)
+    spec = prof.kernels["router_gemm"]
+    colds, loads = [], []
+    for m in (1, 8, 16):
+        expr = spec.configure(m=m, n=256, k=7168, split_k=True).name_expression
+        jit._memo_compiled.clear()
+        t0 = time.perf_counter()
+        jit.compile_spec(spec, prof.target, (expr,))
+        colds.append(time.perf_counter() - t0)
+        jit._memo_compiled.clear()
+        t0 = time.perf_counter()
+        c = jit.compile_spec(spec, prof.target, (expr,))
+        from cuda.bindings import driver as cu
+
+        cu.cuModuleLoadData(c.cubin)
+        loads.append(time.perf_counter() - t0)
+    res["compile_s"] = colds
+    res["cached_load_ms"] = [x * 1000 for x in loads]
+    print(f"cold compile per instance: {[round(c, 3) for c in colds]} s; cache hit + module load: {[round(v * 1000, 2) for v in loads]} ms")
+
+    (OUT / "bench.json").write_text(json.dumps(res, indent=1))
+    plot(res)
+
+
+def plot(res: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plots", file=sys.stderr)
+        return
+    fig, axs = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, n in zip(axs, (256, 384)):
+        rs = [r for r in res["router_gemm"] if r["n"] == n]
+        ax.plot([r["m"] for r in rs], [r["kernel_us"] for r in rs], "o-", label="hwprofile-sm90 kernel")
+        ax.plot([r["m"] for r in rs], [r["fallback_us"] for r in rs], "s-", label="torch.mm(out_dtype=fp32)")
+        ax.axvline(16.5, color="gray", ls="--", label="router_gemm.max_tokens = 16")
+        ax.set(title=f"router GEMM N={n} K=7168 (GPU time, cold L2)", xlabel="M", ylabel="us")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "router_gemm.png", dpi=90)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in (256, 4096):
+        rs = [r for r in res["linear_bf16_fp32"] if r["n"] == n]
+        ax.plot([r["m"] for r in rs], [r["kernel_us"] for r in rs], "o-", label=f"kernel N={n}")
+        ax.plot([r["m"] for r in rs], [r["fallback_us"] for r in rs], "s--", label=f"cuBLAS N={n}")
+    ax.set(xscale="log", yscale="log", title="linear_bf16_fp32 K=7168", xlabel="M", ylabel="us")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "linear_bf16_fp32.png", dpi=90)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    lab = [f"{r['n']}x{r['k']}" for r in res["gemv"]]
+    xs = range(len(lab))
+    ax.plot(xs, [r["kernel_tbps"] for r in res["gemv"]], "o-", label="bf16 kernel")
+    ax.plot(xs, [r["fallback_tbps"] for r in res["gemv"]], "s-", label="cuBLAS F.linear")
+    ax.plot(xs, [r["kernel_tbps"] for r in res["fp8_gemv"]], "^-", label="fp8 kernel (weight bytes)")
+    ax.axhline(res["copy_tbps"], color="gray", ls="--", label="device copy")
+    ax.set_xticks(list(xs), lab, rotation=30)
+    ax.set(title="GEMV M=1 bandwidth (cold L2)", ylabel="TB/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "gemv.png", dpi=90)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""hwprofile: one plugin per GPU architecture for every per-architecture decision of an engine.
+
+``import hwprofile`` has no side effects: it imports neither torch nor CUDA, reads no device and
+writes no environment variable. Everything below is loaded on first use.
+
+    import hwprofile
+    prof = hwprofile.profile()           # device 0 (or torch's current device)
+    prof["router_gemm.max_tokens"]       # 16, with provenance in prof.explain(...)
+    prof.apply_env()                     # writes only env defaults the user did not set
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "profile": "profiles",
+    "reset": "profiles",
+    "Profile": "profiles",
+    "detect": "device",
+    "DeviceInfo": "device",
+    "ArchSpec": "registry",
+    "PluginInfo": "registry",
+    "Setting": "settings",
+    "Value": "settings",
+    "EnvDefault": "settings",
+    "KernelSpec": "jit",
+    "Launch": "jit",
+    "HwprofileError": "errors",
+    "PluginError": "errors",
+    "SettingError": "errors",
+    "DeviceError": "errors",
+    "KernelError": "errors",
+}
+
+__all__ = [
+    "ArchSpec", "DeviceError", "DeviceInfo", "EnvDefault", "HwprofileError", "KernelError", "KernelSpec", "Launch",
+    "PluginError", "PluginInfo", "Profile", "Setting", "SettingError", "Value", "__version__", "detect", "hookimpl",
+    "profile", "reset",
+]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'hwprofile' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .device import DeviceInfo, detect
+    from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
+    from .jit import KernelSpec, Launch
+    from .profiles import Profile, profile, reset
+    from .registry import ArchSpec, PluginInfo
+    from .settings import EnvDefault, Setting, Value

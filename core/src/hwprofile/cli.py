@@ -1,0 +1,282 @@
+"""``hwprofile`` command line: show | plugins | explain | env | doctor | compile | cache.
+
+Library code logs; this module prints. A user error prints one line and exits 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import HwprofileError
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (bool, str)) or v is None else str(v)
+
+
+def _profile(args: argparse.Namespace) -> Any:
+    from .profiles import profile
+
+    return profile(args.device)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    prof = _profile(args)
+    if args.stats:
+        _run_stats_demo(args)
+    if args.json:
+        print(json.dumps(prof.as_dict(), indent=2, default=str))
+        return 0
+    d, p = prof.device, prof.plugin
+    cc = d.compute_capability
+    print(f"device {d.index}: {d.name}  (compute capability {cc[0]}.{cc[1]}, {d.sm}{', simulated' if d.simulated else ''})")
+    if d.memory_bytes:
+        print(f"  memory {d.memory_bytes / 2**30:.1f} GiB" + (f", driver {d.driver_version}" if d.driver_version else ""))
+    print(f"plugin: {p.label if p else 'none'}  target: {prof.target or '-'}")
+    print(f"  why: {prof.selection.reason}")
+    print(f"fingerprint: {prof.fingerprint}\n")
+    rows = [[k, _fmt(s.value), s.winner.source, "" if s.setting.bit_identical else "not bit-identical"] for k, s in prof.settings.items()]
+    print(_table(rows, ["setting", "value", "source", "note"]))
+    if prof.env_defaults:
+        print()
+        rows = [[n, d.value, "user set: " + repr(os.environ[n]) if n in os.environ else "default", d.source] for n, d in prof.env_defaults.items()]
+        print(_table(rows, ["env default", "value", "state", "from"]))
+    if prof.kernels:
+        print()
+        rows = [[op, s.plugin, s.source, str(len(s.instances))] for op, s in prof.kernels.items()]
+        print(_table(rows, ["kernel", "plugin", "source", "instances"]))
+    if args.stats:
+        print()
+        stats = prof.stats.as_dict()
+        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in stats.items()] or [["(no op ran in this process)", "", ""]]
+        print(_table(rows, ["op", "kernel calls", "fallback calls"]))
+    return 0
+
+
+def _run_stats_demo(args: argparse.Namespace) -> None:
+    """``--stats`` in a fresh CLI process: run each op once on small inputs so the counters mean something."""
+    try:
+        import torch
+    except ImportError:
+        return
+    from . import ops
+
+    dev = f"cuda:{args.device or 0}" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(1, 7168, generator=g).to(dev, torch.bfloat16)
+    ops.router_gemm(x, torch.randn(256, 7168, generator=g).to(dev, torch.bfloat16))
+    ops.gemv(x, torch.randn(2048, 7168, generator=g).to(dev, torch.bfloat16))
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from . import device
+    from .profiles import registry
+
+    reg = registry()
+    det = device.detect()
+    out = []
+    for p in sorted(reg.plugins.values(), key=lambda p: p.name):
+        sel = []
+        for d in det.devices:
+            try:
+                if reg.select(d).plugin == p:
+                    sel.append(d.index)
+            except HwprofileError:
+                pass
+        out.append({**p.as_dict(), "selected_for_devices": sel})
+    if args.json:
+        print(json.dumps({"plugins": out, "disabled": reg.disabled, "devices": [d.as_dict() for d in det.devices]}, indent=2))
+        return 0
+    rows = []
+    for o in out:
+        claims = ", ".join(f"{c}->{t}" for c, t in o["targets"].items()) or "(downstream: every profile)"
+        rows.append([o["name"], f"{o['distribution']} {o['version']}", claims, ",".join(map(str, o["selected_for_devices"])) or "-"])
+    print(_table(rows, ["plugin", "distribution", "claims", "selected for device"]) if rows else "no hwprofile plugins installed")
+    if reg.disabled:
+        print(f"disabled by HWPROFILE_DISABLE_PLUGINS: {', '.join(reg.disabled)}")
+    for d in det.devices:
+        try:
+            s = reg.select(d)
+            print(f"device {d.index} {d.name} ({d.sm}): {s.reason}")
+        except HwprofileError as exc:
+            print(f"device {d.index} {d.name} ({d.sm}): error: {exc}")
+    if not det.devices:
+        print(f"no device: {det.reason}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    prof = _profile(args)
+    r = prof.explain(args.key)
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2, default=str))
+        return 0
+    s = r.setting
+    print(f"{s.key} = {_fmt(r.value)}   (from {r.winner.source})")
+    print(f"  {s.doc}")
+    print(f"  type {s.type}, allowed {s.allowed()}; override with {s.env_var}; {'bit-identical' if s.bit_identical else 'NOT bit-identical'}")
+    print("  layers, lowest first:")
+    for i, layer in enumerate(r.chain):
+        mark = "->" if i == len(r.chain) - 1 else "  "
+        why = f"  ({layer.reason})" if layer.reason else ""
+        print(f"   {mark} {layer.kind:<10} {_fmt(layer.value):<8} {layer.source}{why}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    prof = _profile(args)
+    pending = prof.pending_env()
+    if args.json:
+        print(json.dumps({n: d.as_dict() for n, d in pending.items()}, indent=2))
+    elif args.export:
+        import shlex
+
+        for n, d in pending.items():
+            print(f"export {n}={shlex.quote(d.value)}")
+    else:
+        for n, d in pending.items():
+            print(f"{n}={d.value}    # {d.reason} [{d.source}]{'' if d.bit_identical else ' (not bit-identical)'}")
+        skipped = sorted(set(prof.env_defaults) - set(pending))
+        if skipped:
+            print(f"# already set by you, left alone: {', '.join(skipped)}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import run_checks
+
+    checks = run_checks()
+    if args.json:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        for c in checks:
+            print(f"[{c.status:>4}] {c.name}: {c.detail}" + (f"\n        fix: {c.fix}" if c.fix else ""))
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from . import jit
+    from .device import DeviceInfo
+    from .profiles import registry
+
+    reg = registry()
+    wanted = None if args.arch in (None, "all") else {a.strip() for a in args.arch.split(",") if a.strip()}
+    work = []
+    for p in reg.arch_plugins:
+        assert p.arch is not None
+        for cc, target in p.arch.targets.items():
+            if wanted is not None and target not in wanted:
+                continue
+            dev = DeviceInfo(0, f"compile-only {target}", cc, simulated=True)
+            specs = reg._call_plugin("hwprofile_kernels", p, device=dev, target=target) or []
+            for spec in specs:
+                work.append((jit.KernelSpec(**{**spec.__dict__, "plugin": p.name, "distribution_version": f"{p.distribution} {p.version}"}), target))
+    if wanted:
+        known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
+        missing = wanted - known
+        if missing:
+            raise HwprofileError(f"no installed plugin targets {', '.join(sorted(missing))}; installed targets: {', '.join(sorted(known))}")
+    if not work:
+        print("nothing to compile: no architecture plugin is installed")
+        return 0
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int, what: str) -> None:
+        if not args.json:
+            bar = "#" * (20 * done // total)
+            end = "\n" if done == total else ""
+            print(f"\r[{bar:<20}] {done}/{total} {what}".ljust(60), end=end, file=sys.stderr, flush=True)
+
+    reports = jit.compile_all(work, args.jobs, progress)
+    failed = [r for r in reports if r.errors]
+    if args.json:
+        out = [
+            {"op": r.spec.op, "plugin": r.spec.plugin, "target": r.target, "instances": len(r.spec.instances), "compiled": r.compiled,
+             "cached": r.cached, "seconds": round(r.seconds, 3), "cubin_bytes": r.cubin_bytes, "registers": r.registers,
+             "spill_bytes": r.spill_bytes, "errors": r.errors}
+            for r in reports
+        ]
+        print(json.dumps(out, indent=2))
+    else:
+        rows = []
+        for r in reports:
+            state = "FAILED" if r.errors else ("cached" if r.compiled == 0 else f"compiled {r.compiled}" + (f", cached {r.cached}" if r.cached else ""))
+            n = max(1, r.compiled + r.cached)
+            rows.append([r.spec.op, r.spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s", f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes)])
+        print(_table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
+        print(f"{len(reports) - len(failed)}/{len(reports)} kernels ready in {time.perf_counter() - t0:.1f}s wall (jobs={args.jobs})")
+        for r in failed:
+            print(f"\n{r.spec.op} for {r.target}:\n" + "\n".join(r.errors), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from . import jit
+
+    d = jit.cache_dir(create=False)
+    if args.action == "clear":
+        print(f"removed {jit.clear_cache()} entries from {d}")
+        return 0
+    entries = list(d.glob("*.cubin")) if d.exists() else []
+    size = sum(p.stat().st_size for p in entries)
+    print(f"cache: {d} ({'enabled' if jit.cache_enabled() else 'disabled by HWPROFILE_CACHE=off'})")
+    print(f"entries: {len(entries)}, {size / 1024:.0f} KiB")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
+    common.add_argument("--simulate", metavar="NAME", help="simulate a catalog GPU (sets HWPROFILE_DEVICE), e.g. h200 or gb300,rtx-pro-6000")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    p = argparse.ArgumentParser(prog="hwprofile", description="Per-architecture GPU profiles for inference engines.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("show", parents=[common], help="device, selected plugin, settings, env defaults, kernels")
+    s.add_argument("--stats", action="store_true", help="run each op once and show kernel/fallback counters")
+    s.set_defaults(fn=cmd_show)
+    sub.add_parser("plugins", parents=[common], help="installed plugins and what they claim").set_defaults(fn=cmd_plugins)
+    s = sub.add_parser("explain", parents=[common], help="the whole provenance chain of one setting")
+    s.add_argument("key")
+    s.set_defaults(fn=cmd_explain)
+    s = sub.add_parser("env", parents=[common], help="env defaults that would be applied (never ones you set)")
+    s.add_argument("--export", action="store_true", help="print 'export NAME=value' lines for eval")
+    s.set_defaults(fn=cmd_env)
+    sub.add_parser("doctor", parents=[common], help="check NVML, driver, cuda-python, NVRTC and headers").set_defaults(fn=cmd_doctor)
+    s = sub.add_parser("compile", parents=[common], help="compile every plugin kernel for its targets (no GPU needed)")
+    s.add_argument("--arch", default="all", help="comma list of targets (sm_90a,sm_100a,sm_120a) or 'all'")
+    s.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    s.set_defaults(fn=cmd_compile)
+    s = sub.add_parser("cache", parents=[common], help="show or clear the kernel cache")
+    s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
+    s.set_defaults(fn=cmd_cache)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "simulate", None):
+        os.environ["HWPROFILE_DEVICE"] = args.simulate
+        from .profiles import reset
+
+        reset()
+    try:
+        return int(args.fn(args))
+    except HwprofileError as exc:
+        print(f"hwprofile: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Device detection: which GPUs this process sees, in CUDA's numbering, without creating a CUDA context.
+
+Detection reads NVML only (no ``cuInit``, no torch), so a process can detect and then fork workers.
+Driver attributes that only CUDA knows (SM count, opt-in shared memory, L2 size) are read through
+cuda-python on demand, by :meth:`DeviceInfo.attributes`, and their absence is not an error.
+Simulated devices (``HWPROFILE_DEVICE``) come from :mod:`hwprofile.catalog`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from . import catalog
+from .errors import DeviceError
+
+log = logging.getLogger(__name__)
+
+SIMULATE_ENV = "HWPROFILE_DEVICE"
+
+
+@dataclass(frozen=True)
+class DriverAttributes:
+    """Facts read from the CUDA driver (or the catalog, for a simulated device); ``None`` if unknown."""
+
+    sm_count: int | None = None
+    max_shared_memory_per_block_optin: int | None = None
+    l2_cache_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One visible GPU, numbered as CUDA (and torch) number it in this process."""
+
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    simulated: bool = False
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_bytes: int | None = None
+    max_sm_clock_mhz: int | None = None
+    max_memory_clock_mhz: int | None = None
+    memory_bus_width_bits: int | None = None
+    driver_version: str | None = None
+    cuda_driver_version: tuple[int, int] | None = None
+    catalog_key: str | None = field(default=None, compare=False)
+
+    @property
+    def sm(self) -> str:
+        """``"sm_90"``-style name of the exact compute capability."""
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+    def attributes(self) -> DriverAttributes:
+        """SM count, opt-in shared memory per block and L2 size, read lazily (may initialise CUDA)."""
+        if self.simulated and self.catalog_key is not None:
+            e = catalog.lookup(self.catalog_key)
+            return DriverAttributes(e.sm_count, e.max_shared_memory_per_block_optin, e.l2_cache_bytes)
+        return _driver_attributes(self.index)
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready facts (no lazily-read driver attributes)."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "compute_capability": list(self.compute_capability),
+            "sm": self.sm,
+            "simulated": self.simulated,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+            "memory_bytes": self.memory_bytes,
+            "max_sm_clock_mhz": self.max_sm_clock_mhz,
+            "max_memory_clock_mhz": self.max_memory_clock_mhz,
+            "memory_bus_width_bits": self.memory_bus_width_bits,
+            "driver_version": self.driver_version,
+            "cuda_driver_version": list(self.cuda_driver_version) if self.cuda_driver_version else None,
+        }
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The devices this process sees; when there are none, ``reason`` says why."""
+
+    devices: tuple[DeviceInfo, ...]
+    reason: str | None = None
+    simulated: bool = False
+
+    def device(self, index: int) -> DeviceInfo:
+        """Device ``index`` in CUDA numbering, or an error that says what is visible."""
+        if not self.devices:
+            raise DeviceError(f"no NVIDIA GPU: {self.reason}. Simulate one with HWPROFILE_DEVICE=<name>, e.g. h200.")
+        if not 0 <= index < len(self.devices):
+            raise DeviceError(
+                f"device {index} does not exist: {len(self.devices)} device(s) visible "
+                f"({', '.join(d.name for d in self.devices)}); use an index from 0 to {len(self.devices) - 1}"
+            )
+        return self.devices[index]
+
+
+def detect(environ: Mapping[str, str] | None = None) -> Detection:
+    """Detect the visible devices (cached per relevant environment), honouring the simulation variable."""
+    env = os.environ if environ is None else environ
+    key = tuple(env.get(k) for k in (SIMULATE_ENV, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"))
+    return _detect_cached(*key)
+
+
+@functools.lru_cache(maxsize=16)
+def _detect_cached(simulate: str | None, visible: str | None, order: str | None) -> Detection:
+    if simulate:
+        return simulated_detection(simulate)
+    raw, reason = _probe_nvml()
+    if not raw:
+        return Detection((), reason)
+    ordered = order_devices(raw, order)
+    chosen = apply_visible_devices(ordered, visible)
+    devices = tuple(_renumber(d, i) for i, d in enumerate(chosen))
+    if not devices:
+        return Detection((), f"CUDA_VISIBLE_DEVICES={visible!r} hides all {len(raw)} GPU(s)")
+    return Detection(devices)
+
+
+def clear_cache() -> None:
+    """Forget detected devices (tests, or after changing the environment)."""
+    _detect_cached.cache_clear()
+    _driver_attributes.cache_clear()
+
+
+def simulated_detection(spec: str) -> Detection:
+    """Devices from a comma list of catalog names: ``"gb300,rtx-pro-6000"`` is devices 0 and 1."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise DeviceError(f"{SIMULATE_ENV}={spec!r} names no device; known devices: {', '.join(sorted(catalog.CATALOG))}")
+    devices = []
+    for i, name in enumerate(names):
+        e = catalog.lookup(name)
+        devices.append(
+            DeviceInfo(
+                index=i,
+                name=e.name,
+                compute_capability=e.compute_capability,
+                simulated=True,
+                memory_bytes=e.memory_bytes,
+                max_sm_clock_mhz=e.max_sm_clock_mhz,
+                max_memory_clock_mhz=e.max_memory_clock_mhz,
+                memory_bus_width_bits=e.memory_bus_width_bits,
+                catalog_key=name.strip().lower(),
+            )
+        )
+    return Detection(tuple(devices), simulated=True)
+
+
+def _renumber(d: DeviceInfo, index: int) -> DeviceInfo:
+    return DeviceInfo(**{**d.__dict__, "index": index})
+
+
+# --- ordering: make device i mean what CUDA device i means ----------------------------------------
+
+
+@dataclass(frozen=True)
+class _Raw:
+    info: DeviceInfo
+    cores: int | None  # CUDA cores, a proxy CUDA's FASTEST_FIRST order can be estimated from
+
+
+def order_devices(raw: list[_Raw], order: str | None) -> list[DeviceInfo]:
+    """Order NVML's devices (PCI bus order) the way CUDA numbers them.
+
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is exact. CUDA's default ``FASTEST_FIRST`` is estimated as
+    capability, then cores x clock, descending, with ties kept in PCI order; on hosts with mixed GPUs
+    set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` to remove the guess.
+    """
+    if (order or "FASTEST_FIRST").upper() == "PCI_BUS_ID":
+        return [r.info for r in raw]
+    if order and order.upper() != "FASTEST_FIRST":
+        log.warning("CUDA_DEVICE_ORDER=%r is not PCI_BUS_ID or FASTEST_FIRST; CUDA treats it as FASTEST_FIRST", order)
+
+    def speed(r: _Raw) -> tuple[int, int, int]:
+        cc = r.info.compute_capability
+        return (-cc[0], -cc[1], -((r.cores or 0) * (r.info.max_sm_clock_mhz or 0)))
+
+    return [r.info for r in sorted(raw, key=speed)]
+
+
+def apply_visible_devices(ordered: list[DeviceInfo], visible: str | None) -> list[DeviceInfo]:
+    """Apply ``CUDA_VISIBLE_DEVICES`` as CUDA does: indices or UUID prefixes, stop at the first invalid entry."""
+    if visible is None:
+        return list(ordered)
+    chosen: list[DeviceInfo] = []
+    for token in (t.strip() for t in visible.split(",")):
+        match: DeviceInfo | None = None
+        if token.lstrip("-").isdigit():
+            i = int(token)
+            match = ordered[i] if 0 <= i < len(ordered) else None
+        elif token.upper().startswith(("GPU-", "MIG-")):
+            hits = [d for d in ordered if d.uuid and d.uuid.lower().startswith(token.lower())]
+            match = hits[0] if len(hits) == 1 else None
+        if match is None or match in chosen:
+            if token:
+                log.debug("CUDA_VISIBLE_DEVICES: entry %r is invalid; CUDA ignores it and every later entry", token)
+            break
+        chosen.append(match)
+    return chosen
+
+
+# --- NVML -------------------------------------------------------------------------------------------
+
+
+def _probe_nvml() -> tuple[list[_Raw], str | None]:
+    """Read every GPU through NVML. Never raises: returns ``([], reason)`` when there is none."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return [], f"NVML could not start ({_nvml_reason(exc)}); no NVIDIA driver is usable on this machine"
+    except OSError as exc:  # pragma: no cover - odd loader failures
+        return [], f"NVML library could not be loaded ({exc})"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return [], "the NVIDIA driver reports no GPU"
+        driver = _q(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+        cuda_v = _q(pynvml.nvmlSystemGetCudaDriverVersion)
+        cuda_driver = (cuda_v // 1000, (cuda_v % 1000) // 10) if isinstance(cuda_v, int) else None
+        raw = []
+        for i in range(count):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            mem = _q(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).total)
+            pci = _q(lambda h=h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))
+            info = DeviceInfo(
+                index=i,
+                name=_text(pynvml.nvmlDeviceGetName(h)),
+                compute_capability=(int(major), int(minor)),
+                uuid=_q(lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h))),
+                pci_bus_id=pci,
+                memory_bytes=mem,
+                max_sm_clock_mhz=_q(lambda h=h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                max_memory_clock_mhz=_q(lambda h=h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+                memory_bus_width_bits=_q(lambda h=h: pynvml.nvmlDeviceGetMemoryBusWidth(h)),
+                driver_version=driver,
+                cuda_driver_version=cuda_driver,
+            )
+            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h))))
+        return raw, None
+    except pynvml.NVMLError as exc:
+        return [], f"NVML failed while listing GPUs ({_nvml_reason(exc)})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:  # pragma: no cover
+            pass
+
+
+def _q(fn):  # type: ignore[no-untyped-def]
+    """One optional NVML query: ``None`` when the device or driver does not support it."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - NVML raises many NotSupported subclasses; all mean "unknown"
+        return None
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _nvml_reason(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
+
+
+@functools.cache
+def _driver_attributes(index: int) -> DriverAttributes:
+    """Read driver attributes through cuda-python; initialises the driver API (not a context)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        log.info("cuda-python is not installed; driver attributes of device %d are unknown", index)
+        return DriverAttributes()
+    try:
+        (err,) = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return DriverAttributes()
+        err, dev = cu.cuDeviceGet(index)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return DriverAttributes()
+        A = cu.CUdevice_attribute
+
+        def attr(a: object) -> int | None:
+            e, v = cu.cuDeviceGetAttribute(a, dev)
+            return int(v) if e == cu.CUresult.CUDA_SUCCESS else None
+
+        return DriverAttributes(
+            sm_count=attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            max_shared_memory_per_block_optin=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            l2_cache_bytes=attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        )
+    except Exception as exc:  # noqa: BLE001 - absence of attributes is not an error
+        log.info("could not read driver attributes of device %d: %s", index, exc)
+        return DriverAttributes()

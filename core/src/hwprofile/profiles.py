@@ -1,0 +1,240 @@
+"""The resolved result for one device: device facts, selected plugin, settings, env defaults, kernels.
+
+``profile(device)`` is cached per device and process; :func:`reset` forgets everything (after the
+environment or the installed plugins change). Resolving imports neither torch nor CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import tomllib
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from . import device as _device
+from .errors import PluginError, SettingError
+from .registry import PluginInfo, Registry, Selection
+from .settings import CORE_SETTINGS, EnvDefault, ResolvedEnvDefault, ResolvedSetting, SettingsResolver, apply_env_defaults
+
+log = logging.getLogger(__name__)
+
+TUNED_ENV = "HWPROFILE_TUNED_FILE"
+
+
+@dataclass
+class DispatchStats:
+    """Per-op counters of kernel vs fallback calls in this process (mutable, thread-tolerant)."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {op: dict(c) for op, c in sorted(self.counts.items())}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything hwprofile decided for one device. Frozen; read values with ``profile[key]``."""
+
+    device: _device.DeviceInfo
+    selection: Selection
+    participants: tuple[PluginInfo, ...]
+    settings: Mapping[str, ResolvedSetting]
+    env_defaults: Mapping[str, ResolvedEnvDefault]
+    kernels: Mapping[str, Any]
+    fingerprint: str
+    stats: DispatchStats = field(default_factory=DispatchStats, compare=False)
+
+    @property
+    def plugin(self) -> PluginInfo | None:
+        return self.selection.plugin
+
+    @property
+    def target(self) -> str | None:
+        """NVRTC target (``"sm_90a"``) of the selected plugin for this device, or ``None``."""
+        return self.selection.target
+
+    def __getitem__(self, key: str) -> Any:
+        return self.explain(key).value
+
+    def explain(self, key: str) -> ResolvedSetting:
+        """The setting's value with its whole chain of layers."""
+        try:
+            return self.settings[key]
+        except KeyError:
+            raise SettingError(f"unknown setting {key!r}; known settings: {', '.join(self.settings)}") from None
+
+    def pending_env(self, environ: Mapping[str, str] | None = None) -> dict[str, ResolvedEnvDefault]:
+        """Env defaults that :meth:`apply_env` would write now (those the user has not set)."""
+        env = os.environ if environ is None else environ
+        return {n: d for n, d in self.env_defaults.items() if n not in env}
+
+    def apply_env(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+        """Write env defaults the user did not set into ``environ`` (default ``os.environ``); return them."""
+        written = apply_env_defaults(self.env_defaults, environ)
+        if written:
+            log.info("hwprofile %s applied env defaults: %s", self.fingerprint, written)
+        return written
+
+    def as_dict(self) -> dict[str, Any]:
+        p = self.plugin
+        return {
+            "fingerprint": self.fingerprint,
+            "device": self.device.as_dict(),
+            "plugin": {
+                "name": p.name if p else None,
+                "distribution": p.distribution if p else None,
+                "version": p.version if p else None,
+                "nvrtc_arch": self.target,
+                "reason": self.selection.reason,
+            },
+            "participants": [x.name for x in self.participants],
+            "settings": {k: s.as_dict() for k, s in self.settings.items()},
+            "env_defaults": {k: d.as_dict() for k, d in self.env_defaults.items()},
+            "kernels": {k: spec.describe() for k, spec in self.kernels.items()},
+            "stats": self.stats.as_dict(),
+        }
+
+
+# --- process-wide state --------------------------------------------------------------------------
+
+_lock = threading.RLock()
+_registry: Registry | None = None
+_profiles: dict[int, Profile] = {}
+
+
+def registry() -> Registry:
+    """The process's plugin registry, loaded from entry points on first use."""
+    global _registry
+    with _lock:
+        if _registry is None:
+            _registry = Registry().load_entry_points()
+        return _registry
+
+
+def reset() -> None:
+    """Forget the registry, detected devices and profiles (call after changing env or plugins)."""
+    global _registry
+    with _lock:
+        _registry = None
+        _profiles.clear()
+        _device.clear_cache()
+
+
+def _current_device_index() -> int:
+    torch = sys.modules.get("torch")  # never import torch here; ask it only if the process already has it
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 - a half-initialised torch must not break profiling
+            pass
+    return 0
+
+
+def profile(device: int | None = None) -> Profile:
+    """The frozen profile of CUDA device ``device`` (default: the current one), cached per process."""
+    index = _current_device_index() if device is None else int(device)
+    with _lock:
+        cached = _profiles.get(index)
+        if cached is not None:
+            return cached
+        info = _device.detect().device(index)
+        prof = build_profile(info, registry(), os.environ)
+        _profiles[index] = prof
+        log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, info.name, prof.plugin and prof.plugin.name, prof.fingerprint)
+        return prof
+
+
+def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:
+    """Resolve a profile for ``info`` from ``reg`` and ``environ`` (no caching; used by tests and tools)."""
+    selection = reg.select(info)
+    resolver = SettingsResolver()
+    resolver.declare(CORE_SETTINGS, by="hwprofile core")
+    for p, decl in reg.call_layers("hwprofile_declare_settings", reg.participants(selection.plugin, "hwprofile_declare_settings")):
+        if decl is not None:
+            resolver.declare(decl, by=p.label, namespace=p.name)
+    participants = reg.participants(selection.plugin, "hwprofile_settings")
+    for p in participants:
+        values = reg._call_plugin("hwprofile_settings", p, device=info, resolved=MappingProxyType(resolver.current()))
+        resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}")
+    _add_tuned_layer(resolver, info, environ)
+    resolver.add_user_env(environ)
+    settings = resolver.resolved()
+    values = MappingProxyType({k: s.value for k, s in settings.items()})
+
+    env_defaults: dict[str, ResolvedEnvDefault] = {}
+    for p, out in reg.call_layers("hwprofile_env_defaults", reg.participants(selection.plugin, "hwprofile_env_defaults"), device=info, settings=values):
+        if out is None:
+            continue
+        if not isinstance(out, Mapping):
+            raise PluginError(f"plugin {p.label}: hwprofile_env_defaults must return a dict of name -> EnvDefault")
+        for name, d in out.items():
+            if not isinstance(d, EnvDefault) or not isinstance(d.value, str):
+                raise PluginError(
+                    f"plugin {p.label}: env default {name!r} must be hwprofile.EnvDefault(value=str, reason=...), got {d!r}"
+                )
+            env_defaults[name] = ResolvedEnvDefault(name, d.value, d.reason, d.bit_identical, p.source, environ.get(name))
+
+    kernels: dict[str, Any] = {}
+    if selection.target is not None:
+        from .jit import collect_kernels  # cheap: jit imports CUDA only when compiling
+
+        kernels = collect_kernels(reg, selection, info)
+
+    fp = fingerprint(selection, settings, env_defaults, kernels)
+    return Profile(
+        device=info,
+        selection=selection,
+        participants=tuple(participants),
+        settings=MappingProxyType(settings),
+        env_defaults=MappingProxyType(dict(sorted(env_defaults.items()))),
+        kernels=MappingProxyType(kernels),
+        fingerprint=fp,
+    )
+
+
+def fingerprint(selection: Selection, settings: Mapping[str, ResolvedSetting], env: Mapping[str, ResolvedEnvDefault], kernels: Mapping[str, Any]) -> str:
+    """Stable hash of what decides dispatch: plugin identity, settings, env defaults, kernel keys."""
+    p = selection.plugin
+    doc = {
+        "plugin": [p.name, p.distribution, p.version] if p else None,
+        "target": selection.target,
+        "settings": {k: s.value for k, s in settings.items()},
+        "env": {k: d.value for k, d in env.items()},
+        "kernels": {k: [spec.source_digest(with_cuda_headers=False), spec.instances] for k, spec in kernels.items()},
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _add_tuned_layer(resolver: SettingsResolver, info: _device.DeviceInfo, environ: Mapping[str, str]) -> None:
+    path = environ.get(TUNED_ENV)
+    if not path:
+        return
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise SettingError(f"{TUNED_ENV}={path}: file not found; unset the variable or point it at a file from 'hwprofile sweep'") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingError(f"{TUNED_ENV}={path}: not valid TOML ({exc}); regenerate it with 'hwprofile sweep'") from None
+    thresholds = doc.get("thresholds")
+    if not isinstance(thresholds, dict):
+        raise SettingError(f"{TUNED_ENV}={path}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
+    stamp = doc.get("stamp", {})
+    cc = stamp.get("compute_capability") if isinstance(stamp, dict) else None
+    if cc is not None and tuple(cc) != info.compute_capability:
+        msg = (
+            f"{TUNED_ENV}={path} was tuned on compute capability {tuple(cc)}, not {info.compute_capability} "
+            f"({info.name}); its values are ignored for this device"
+        )
+        log.warning(msg)
+        return
+    resolver.add("tuned", f"tuned file {path}", thresholds, who=f"tuned file {path}")

@@ -1,0 +1,239 @@
+"""Plugin registry: entry-point discovery, validation and per-device architecture selection.
+
+One pluggy ``PluginManager`` for project ``hwprofile``. Plugins come from the entry-point group
+``hwprofile.plugins``; the entry-point name is the plugin's name everywhere. Loading is done one
+entry point at a time (not ``load_setuptools_entrypoints``) so that a broken plugin is reported by
+name, distribution and version instead of stopping the whole load anonymously.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .device import DeviceInfo
+from .errors import PluginError
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "hwprofile.plugins"
+PIN_ENV = "HWPROFILE_PLUGIN"
+DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
+_TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What an architecture plugin serves: exact compute capability -> NVRTC target."""
+
+    targets: Mapping[tuple[int, int], str]
+    description: str = ""
+
+    def target_for(self, capability: tuple[int, int]) -> str | None:
+        """The NVRTC target for this exact capability, or ``None`` if not served."""
+        return self.targets.get(tuple(capability))  # type: ignore[arg-type]
+
+    @property
+    def capabilities(self) -> tuple[tuple[int, int], ...]:
+        return tuple(sorted(self.targets))
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """Identity of one registered plugin."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    module: str
+    arch: ArchSpec | None = field(default=None, compare=False)
+
+    @property
+    def label(self) -> str:
+        """``"sm90 (hwprofile-sm90 0.1.0)"``: how messages name a plugin."""
+        dist = f"{self.distribution} {self.version}" if self.distribution else "not installed as a distribution"
+        return f"{self.name} ({dist})"
+
+    @property
+    def source(self) -> str:
+        """``"hwprofile-sm90 0.1.0"``: who supplied a value, for provenance."""
+        return f"{self.distribution} {self.version}" if self.distribution else f"plugin {self.name}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "module": self.module,
+            "architecture": self.arch is not None,
+            "capabilities": [list(c) for c in self.arch.capabilities] if self.arch else [],
+            "targets": {f"{c[0]}.{c[1]}": t for c, t in self.arch.targets.items()} if self.arch else {},
+        }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which architecture plugin serves a device, its NVRTC target, and why."""
+
+    plugin: PluginInfo | None
+    target: str | None
+    reason: str
+
+
+class Registry:
+    """The loaded plugins and the rules that pick one architecture plugin per device."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.environ = os.environ if environ is None else environ
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.disabled: list[str] = [n.strip() for n in self.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
+        for name in self.disabled:
+            self.pm.set_blocked(name)
+
+    # --- loading ------------------------------------------------------------------------------
+
+    def load_entry_points(self) -> Registry:
+        """Import and register every plugin of the ``hwprofile.plugins`` group, one by one."""
+        seen: dict[str, str] = {}
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist.metadata["Name"] if ep.dist is not None else None
+            version = ep.dist.version if ep.dist is not None else None
+            if ep.name in seen and seen[ep.name] != dist:
+                raise PluginError(
+                    f"two distributions register the plugin name {ep.name!r} in {ENTRY_POINT_GROUP}: "
+                    f"{seen[ep.name]} and {dist}; uninstall one of them"
+                )
+            seen[ep.name] = dist or "?"
+            if self.pm.is_blocked(ep.name):
+                log.info("plugin %s (%s) is disabled by %s", ep.name, dist, DISABLE_ENV)
+                continue
+            if ep.name in self.plugins:
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {ep.name!r} ({dist} {version}) failed to import {ep.value!r}: "
+                    f"{type(exc).__name__}: {exc}. Fix or reinstall it, or disable it with {DISABLE_ENV}={ep.name}"
+                ) from exc
+            self.register(obj, ep.name, distribution=dist, version=version)
+        return self
+
+    def register(self, obj: object, name: str, *, distribution: str | None = None, version: str | None = None) -> PluginInfo | None:
+        """Register a plugin object (a module or instance with hook implementations) under ``name``."""
+        if self.pm.is_blocked(name):
+            return None
+        module = getattr(obj, "__name__", type(obj).__module__)
+        label = PluginInfo(name, distribution, version, module).label
+        if name in self.plugins:
+            raise PluginError(f"a plugin named {name!r} is already registered ({self.plugins[name].label}); cannot add {label}")
+        try:
+            self.pm.register(obj, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"plugin {label} has an invalid hook implementation: {exc}. Compare it with hwprofile.hookspecs.") from exc
+        unknown = [h for h in self._hook_names(obj) if not hasattr(hookspecs, h)]
+        if unknown:
+            self.pm.unregister(name=name)
+            known = ", ".join(n for n in dir(hookspecs) if n.startswith("hwprofile_"))
+            raise PluginError(f"plugin {label} implements unknown hook(s) {', '.join(unknown)}; hooks are: {known}")
+        info = PluginInfo(name, distribution, version, module)
+        arch = self._call_plugin("hwprofile_arch", info)
+        if arch is not None:
+            if not isinstance(arch, ArchSpec):
+                raise PluginError(f"plugin {label}: hwprofile_arch must return hwprofile.ArchSpec, got {type(arch).__name__}")
+            self._validate_arch(info, arch)
+            info = PluginInfo(name, distribution, version, module, arch)
+        self.plugins[name] = info
+        return info
+
+    def _hook_names(self, obj: object) -> list[str]:
+        out = []
+        for attr in dir(obj):
+            fn = getattr(obj, attr, None)
+            if attr.startswith("hwprofile_") and callable(fn) and self.pm.parse_hookimpl_opts(obj, attr) is not None:
+                out.append(attr)
+        return out
+
+    @staticmethod
+    def _validate_arch(info: PluginInfo, arch: ArchSpec) -> None:
+        for cc, target in arch.targets.items():
+            ok = isinstance(cc, tuple) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
+            if not ok or not isinstance(target, str) or not _TARGET_RE.match(target):
+                raise PluginError(
+                    f"plugin {info.label}: ArchSpec entry {cc!r}: {target!r} is invalid; "
+                    "use {(major, minor): 'sm_XYa'}, e.g. {(9, 0): 'sm_90a'}"
+                )
+
+    # --- calling ------------------------------------------------------------------------------
+
+    def _call_plugin(self, hook: str, info: PluginInfo, **kwargs: Any) -> Any:
+        """Call ``hook`` on one plugin only (its wrappers included); errors name the plugin."""
+        plugin = self.pm.get_plugin(info.name)
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
+        caller = self.pm.subset_hook_caller(hook, remove_plugins=others)
+        try:
+            results = caller(**kwargs)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"plugin {info.label} raised in {hook}: {type(exc).__name__}: {exc}") from exc
+        return results[0] if results else None
+
+    def call_layers(self, hook: str, participants: Iterable[PluginInfo], **kwargs: Any) -> Iterable[tuple[PluginInfo, Any]]:
+        """Yield ``(plugin, result)`` per participant, lowest priority first (lazy, so each sees the last)."""
+        for info in participants:
+            yield info, self._call_plugin(hook, info, **kwargs)
+
+    def participants(self, selected: PluginInfo | None, hook: str) -> list[PluginInfo]:
+        """Plugins taking part in ``hook`` for a device: the selected arch plugin, then downstream in pluggy order."""
+        order = [impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls() if not (impl.hookwrapper or impl.wrapper)]
+        downstream = [self.plugins[n] for n in order if n in self.plugins and self.plugins[n].arch is None]
+        return ([selected] if selected is not None else []) + downstream
+
+    # --- selection ----------------------------------------------------------------------------
+
+    @property
+    def arch_plugins(self) -> list[PluginInfo]:
+        return [p for p in self.plugins.values() if p.arch is not None]
+
+    def select(self, device: DeviceInfo) -> Selection:
+        """Pick the one architecture plugin for ``device`` (exact capability; pin with HWPROFILE_PLUGIN)."""
+        cc = device.compute_capability
+        pin = self.environ.get(PIN_ENV, "").strip()
+        if pin:
+            info = self.plugins.get(pin)
+            if info is None or info.arch is None:
+                archs = ", ".join(p.name for p in self.arch_plugins) or "none installed"
+                state = "disabled" if pin in self.disabled else "not an installed architecture plugin"
+                raise PluginError(f"{PIN_ENV}={pin!r} is {state}; architecture plugins: {archs}")
+            target = info.arch.target_for(cc)
+            if target is None:
+                target = info.arch.targets[info.arch.capabilities[-1]]
+                log.warning(
+                    "%s=%s pins a plugin that does not claim %s (%s); kernels will be built for %s",
+                    PIN_ENV, pin, device.sm, device.name, target,
+                )
+                return Selection(info, target, f"pinned by {PIN_ENV}={pin} (it does not claim {device.sm})")
+            return Selection(info, target, f"pinned by {PIN_ENV}={pin}")
+        claimants = [p for p in self.arch_plugins if p.arch is not None and p.arch.target_for(cc) is not None]
+        if len(claimants) > 1:
+            who = " and ".join(p.label for p in claimants)
+            raise PluginError(
+                f"{who} both claim compute capability {cc[0]}.{cc[1]} ({device.name}); uninstall one, "
+                f"or pin one with {PIN_ENV}=<name>, or disable one with {DISABLE_ENV}=<name>"
+            )
+        if not claimants:
+            return Selection(None, None, f"no installed architecture plugin serves {device.sm} ({device.name}); core defaults apply")
+        p = claimants[0]
+        assert p.arch is not None
+        return Selection(p, p.arch.target_for(cc), f"{p.name} claims compute capability {cc[0]}.{cc[1]}")

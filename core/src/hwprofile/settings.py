@@ -1,0 +1,319 @@
+"""Typed settings and env defaults, resolved in layers that remember where each value came from.
+
+Layers, lowest to highest: core default < architecture plugin < downstream plugins (pluggy order)
+< tuned-thresholds file < the user's explicit ``HWPROFILE_*`` variable. A variable that is present
+counts as set, even ``"0"`` or ``""``. Nothing here touches ``os.environ`` except
+:func:`apply_env_defaults`, which only fills variables the user left unset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import SettingError
+
+_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
+_TYPES = ("bool", "int", "float", "str", "enum")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A declared setting: key, type, default, bounds or choices, doc, and bit-identity."""
+
+    key: str
+    type: str
+    default: Any
+    doc: str
+    bit_identical: bool = True
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not _KEY_RE.match(self.key):
+            raise SettingError(f"setting key {self.key!r} is invalid: use lower-case dotted names like 'router_gemm.max_tokens'")
+        if self.type not in _TYPES:
+            raise SettingError(f"setting {self.key}: type {self.type!r} is not one of {', '.join(_TYPES)}")
+        if self.type == "enum" and not self.choices:
+            raise SettingError(f"setting {self.key}: an enum needs choices")
+        self.check(self.default, origin="its declared default")
+
+    @property
+    def env_var(self) -> str:
+        """``HWPROFILE_`` + the key upper-cased, dots as underscores."""
+        return "HWPROFILE_" + self.key.upper().replace(".", "_")
+
+    def allowed(self) -> str:
+        """Human description of the allowed values, for error messages."""
+        if self.type == "bool":
+            return "a boolean (1/0, true/false, yes/no, on/off)"
+        if self.type == "enum":
+            return "one of " + ", ".join(self.choices or ())
+        if self.type in ("int", "float"):
+            lo = "-inf" if self.minimum is None else f"{self.minimum:g}"
+            hi = "inf" if self.maximum is None else f"{self.maximum:g}"
+            return f"{'an integer' if self.type == 'int' else 'a number'} in [{lo}, {hi}]"
+        return "a string"
+
+    def parse(self, text: str, *, origin: str) -> Any:
+        """Parse a string (an env var or a TOML string) into a checked value."""
+        t = text.strip()
+        value: Any
+        try:
+            if self.type == "bool":
+                if t.lower() in _TRUE:
+                    value = True
+                elif t.lower() in _FALSE:
+                    value = False
+                else:
+                    raise ValueError
+            elif self.type == "int":
+                value = int(t, 10)
+            elif self.type == "float":
+                value = float(t)
+            else:
+                value = text
+        except ValueError:
+            value = None
+        if value is None or not self._valid(value):
+            raise SettingError(f"{origin}={text!r} is not valid for {self.key}: expected {self.allowed()}")
+        return self.check(value, origin=origin)
+
+    def _valid(self, value: Any) -> bool:
+        try:
+            self.check(value, origin="")
+        except SettingError:
+            return False
+        return True
+
+    def check(self, value: Any, *, origin: str) -> Any:
+        """Validate a typed value; an error names ``origin``, the key and the allowed values."""
+        ok: bool
+        if self.type == "bool":
+            ok = isinstance(value, bool)
+        elif self.type == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif self.type == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            value = float(value) if ok else value
+        elif self.type == "enum":
+            ok = isinstance(value, str) and value in (self.choices or ())
+        else:
+            ok = isinstance(value, str)
+        if ok and self.type in ("int", "float"):
+            ok = (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+        if not ok:
+            raise SettingError(f"{origin} gave {self.key}={value!r}, which is invalid: expected {self.allowed()}")
+        return value
+
+
+@dataclass(frozen=True)
+class Value:
+    """A setting value with the reason it was chosen (for a threshold: what it was measured against)."""
+
+    value: Any
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    """An environment-variable default a plugin proposes, with the architecture reason for it."""
+
+    value: str
+    reason: str
+    bit_identical: bool = True
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's contribution to a setting: which kind of layer, who, what value, and why."""
+
+    kind: str  # core | arch | downstream | tuned | env
+    source: str
+    value: Any
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "source": self.source, "value": self.value, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ResolvedSetting:
+    """A setting's final value and the whole chain of layers that produced it (winner last)."""
+
+    setting: Setting
+    chain: tuple[Layer, ...]
+
+    @property
+    def value(self) -> Any:
+        return self.chain[-1].value
+
+    @property
+    def winner(self) -> Layer:
+        return self.chain[-1]
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.setting
+        return {
+            "key": s.key,
+            "value": self.value,
+            "type": s.type,
+            "source": self.winner.source,
+            "kind": self.winner.kind,
+            "doc": s.doc,
+            "bit_identical": s.bit_identical,
+            "env_var": s.env_var,
+            "allowed": s.allowed(),
+            "chain": [layer.as_dict() for layer in self.chain],
+        }
+
+
+@dataclass(frozen=True)
+class ResolvedEnvDefault:
+    """An env default after layering, and whether the user already set the variable."""
+
+    name: str
+    value: str
+    reason: str
+    bit_identical: bool
+    source: str
+    user_value: str | None = None
+
+    @property
+    def user_set(self) -> bool:
+        return self.user_value is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "reason": self.reason,
+            "bit_identical": self.bit_identical,
+            "source": self.source,
+            "user_set": self.user_set,
+            "user_value": self.user_value,
+        }
+
+
+# --- core declarations ---------------------------------------------------------------------------
+
+_GEMV_DOC = "bf16 GEMV kernel (M = 1)"
+_FP8_DOC = "FP8 e4m3 GEMV kernel (M = 1)"
+
+
+def _gemv_bounds(op: str, what: str) -> list[Setting]:
+    return [
+        Setting(f"{op}.min_k", "int", 512, f"smallest K the {what} takes", minimum=1, maximum=1 << 20),
+        Setting(f"{op}.max_k", "int", 17408, f"largest K the {what} takes (x is staged in shared memory)", minimum=1, maximum=1 << 20),
+        Setting(f"{op}.k_multiple", "int", 512, f"K must be a multiple of this for the {what}", minimum=1, maximum=1 << 16),
+        Setting(f"{op}.n_multiple", "int", 8, f"N must be a multiple of this for the {what}", minimum=1, maximum=1 << 16),
+        Setting(f"{op}.min_n", "int", 64, f"smallest N the {what} takes", minimum=1, maximum=1 << 24),
+        Setting(f"{op}.max_n", "int", 65536, f"largest N the {what} takes", minimum=1, maximum=1 << 24),
+        Setting(
+            f"{op}.cublas_roof_n_min", "int", 12288,
+            f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used", minimum=0, maximum=1 << 24,
+        ),
+        Setting(
+            f"{op}.cublas_roof_n_max", "int", 32768,
+            "up to this N (exclusive) the fallback is near the bandwidth roof; equal to the min to disable the gap",
+            minimum=0, maximum=1 << 24,
+        ),
+    ]
+
+
+CORE_SETTINGS: tuple[Setting, ...] = (
+    Setting("deterministic", "bool", False, "keep every op on its torch fallback (deterministic-inference mode)"),
+    Setting("strict", "bool", False, "raise instead of warning and falling back when a kernel fails or a tuned value is stale"),
+    Setting(
+        "router_gemm.max_tokens", "int", 16,
+        "largest M the JIT router GEMM is dispatched for; measured against the fp32-output cuBLAS fallback",
+        minimum=0, maximum=16,
+    ),
+    Setting(
+        "linear_bf16_fp32.max_tokens", "int", 0,
+        "largest M for which linear_bf16_fp32 uses the plugin's small-M kernel instead of cuBLAS (0: never)",
+        minimum=0, maximum=16,
+    ),
+    Setting(
+        "gemv.split_k", "bool", False,
+        "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)",
+        bit_identical=False,
+    ),
+    *_gemv_bounds("gemv", _GEMV_DOC),
+    *_gemv_bounds("fp8_gemv", _FP8_DOC),
+)
+
+
+# --- resolution ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SettingsResolver:
+    """Accumulates layers over declared settings and checks every value against its declaration."""
+
+    declared: dict[str, Setting] = field(default_factory=dict)
+    declared_by: dict[str, str] = field(default_factory=dict)
+    chains: dict[str, list[Layer]] = field(default_factory=dict)
+
+    def declare(self, settings: Iterable[Setting], *, by: str, namespace: str | None = None) -> None:
+        """Add declarations; ``namespace`` (a plugin name) restricts the keys a plugin may declare."""
+        for s in settings:
+            if not isinstance(s, Setting):
+                raise SettingError(f"{by} declared {s!r}, which is not a hwprofile.Setting")
+            if namespace is not None and not s.key.startswith(namespace + "."):
+                raise SettingError(f"{by} declared {s.key!r} outside its namespace: plugin settings must start with '{namespace}.'")
+            if s.key in self.declared:
+                raise SettingError(f"setting {s.key!r} is declared twice: by {self.declared_by[s.key]} and by {by}")
+            self.declared[s.key] = s
+            self.declared_by[s.key] = by
+            self.chains[s.key] = [Layer("core" if namespace is None else "declared", by, s.default, "declared default")]
+
+    def current(self) -> dict[str, Any]:
+        return {k: c[-1].value for k, c in self.chains.items()}
+
+    def add(self, kind: str, source: str, values: Mapping[str, Any] | None, *, who: str) -> None:
+        """Add one layer; ``who`` names the supplier in errors (plugin label, file path)."""
+        if values is None:
+            return
+        if not isinstance(values, Mapping):
+            raise SettingError(f"{who} returned {type(values).__name__} for settings; return a dict of key -> value")
+        for key, raw in values.items():
+            setting = self.declared.get(key)
+            if setting is None:
+                raise SettingError(f"{who} sets undeclared setting {key!r}; declared settings: {', '.join(sorted(self.declared))}")
+            reason = ""
+            if isinstance(raw, Value):
+                raw, reason = raw.value, raw.reason
+            value = setting.check(raw, origin=who)
+            self.chains[key].append(Layer(kind, source, value, reason))
+
+    def add_user_env(self, environ: Mapping[str, str]) -> None:
+        """The top layer: every ``HWPROFILE_<KEY>`` present in the environment (even empty) counts."""
+        for key, setting in self.declared.items():
+            var = setting.env_var
+            if var in environ:
+                value = setting.parse(environ[var], origin=var)
+                self.chains[key].append(Layer("env", f"environment {var}", value, "set by the user"))
+
+    def resolved(self) -> dict[str, ResolvedSetting]:
+        return {k: ResolvedSetting(self.declared[k], tuple(c)) for k, c in sorted(self.chains.items())}
+
+
+def apply_env_defaults(
+    defaults: Mapping[str, ResolvedEnvDefault], environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Write each default the user has not set into ``environ``; return exactly what was written."""
+    env = os.environ if environ is None else environ
+    written: dict[str, str] = {}
+    for name, d in defaults.items():
+        if name not in env:
+            env[name] = d.value
+            written[name] = d.value
+    return written

@@ -1,0 +1,98 @@
+"""pytest plugin (entry point ``pytest11``): simulated devices and architecture / GPU markers.
+
+* ``--hwprofile-device=NAME`` (or ``HWPROFILE_DEVICE``) simulates a catalog GPU for the session.
+* ``@pytest.mark.hwprofile_arch("sm_120", "sm_121")`` runs a test only when device 0 has one of
+  these *exact* capabilities (real or simulated), and skips it with the reason otherwise.
+* ``@pytest.mark.hwprofile_gpu("sm_90")`` needs a *real* GPU (of that capability, if given) usable
+  by torch; it skips cleanly without one, so CPU-only CI passes.
+* fixtures: ``hwprofile_profile`` (device 0's profile) and ``hwprofile_simulate`` (switch the
+  simulated device inside a test; the previous state is restored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .device import SIMULATE_ENV
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hwprofile")
+    group.addoption("--hwprofile-device", default=None, metavar="NAME", help="simulate this catalog GPU (comma list for several)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name = config.getoption("--hwprofile-device", default=None)
+    if name and name.lower() != "none":
+        os.environ[SIMULATE_ENV] = name
+        from .profiles import reset
+
+        reset()
+    config.addinivalue_line("markers", "hwprofile_arch(*sms): run only when device 0 has one of these exact capabilities (sm_90, 12.1...)")
+    config.addinivalue_line("markers", "hwprofile_gpu(*sms): needs a real GPU usable by torch (of one of these capabilities, if given)")
+
+
+def _parse_cc(s: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(?:sm_?)?(\d+)\.?(\d)a?", s.strip().lower())
+    if not m:
+        raise pytest.UsageError(f"hwprofile marker: {s!r} is not a capability; write 'sm_90', 'sm_121' or '9.0'")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _device0(real: bool) -> tuple[Any, str]:
+    from . import device
+
+    det = device.detect({k: v for k, v in os.environ.items() if k != SIMULATE_ENV}) if real else device.detect()
+    if not det.devices:
+        return None, f"no device ({det.reason})"
+    d = det.devices[0]
+    return d, f"device 0 is {d.name} ({d.sm}{', simulated' if d.simulated else ''})"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("hwprofile_arch"):
+        wanted = {_parse_cc(a) for a in mark.args}
+        d, desc = _device0(real=False)
+        if d is None or d.compute_capability not in wanted:
+            pytest.skip(f"needs {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))}; {desc}")
+    for mark in item.iter_markers("hwprofile_gpu"):
+        d, desc = _device0(real=True)
+        if d is None:
+            pytest.skip(f"needs a real NVIDIA GPU; {desc}")
+        wanted = {_parse_cc(a) for a in mark.args}
+        if wanted and d.compute_capability not in wanted:
+            pytest.skip(f"needs a real {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))} GPU; {desc}")
+        try:
+            import torch
+        except ImportError:
+            pytest.skip("needs torch to use the GPU")
+        if not torch.cuda.is_available():
+            pytest.skip(f"torch cannot use the GPU; {desc}")
+
+
+@pytest.fixture
+def hwprofile_profile() -> Any:
+    """Device 0's profile, resolved fresh for this test."""
+    from .profiles import profile, reset
+
+    reset()
+    return profile(0)
+
+
+@pytest.fixture
+def hwprofile_simulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Any]]:
+    """``hwprofile_simulate("rtx-pro-6000")`` switches the simulated device and returns its profile."""
+    from .profiles import profile, reset
+
+    def simulate(name: str) -> Any:
+        monkeypatch.setenv(SIMULATE_ENV, name)
+        reset()
+        return profile(0)
+
+    yield simulate
+    reset()

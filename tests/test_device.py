@@ -1,0 +1,97 @@
+"""Detection: simulation catalog, CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER, and 'no GPU' results."""
+
+from __future__ import annotations
+
+import pytest
+from hwprofile import device
+from hwprofile.catalog import CATALOG, lookup
+from hwprofile.device import DeviceInfo, _Raw, apply_visible_devices, order_devices
+from hwprofile.errors import DeviceError
+
+REQUIRED = ["h100", "h200", "b200", "b300", "gb300", "rtx-pro-6000", "rtx-5090", "dgx-spark", "l40s", "a100", "sm90", "sm100", "sm103", "sm120", "sm121"]
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_catalog_has_required_devices(name: str) -> None:
+    e = lookup(name)
+    assert e.sm_count > 0 and e.memory_bytes > 0
+
+
+def test_exact_capabilities_of_catalog() -> None:
+    assert lookup("dgx-spark").compute_capability == (12, 1)
+    assert lookup("gb300").compute_capability == (10, 3)
+    assert lookup("l40s").compute_capability == (8, 9)
+    assert lookup("SM_121").compute_capability == (12, 1)
+    assert lookup("rtx-pro-6000").max_shared_memory_per_block_optin == 99 * 1024
+
+
+def test_unknown_simulated_name_lists_known_ones() -> None:
+    with pytest.raises(DeviceError) as e:
+        device.detect({"HWPROFILE_DEVICE": "h300"})
+    assert "h300" in str(e.value) and "rtx-pro-6000" in str(e.value)
+
+
+def test_comma_list_simulates_mixed_host() -> None:
+    det = device.detect({"HWPROFILE_DEVICE": "gb300, rtx-pro-6000"})
+    assert [d.compute_capability for d in det.devices] == [(10, 3), (12, 0)]
+    assert [d.index for d in det.devices] == [0, 1]
+    assert all(d.simulated for d in det.devices)
+    assert det.devices[1].attributes().max_shared_memory_per_block_optin == 99 * 1024
+    with pytest.raises(DeviceError, match="device 2 does not exist"):
+        det.device(2)
+
+
+def test_no_gpu_is_a_clean_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "_probe_nvml", lambda: ([], "NVML could not start (Driver Not Loaded)"))
+    device.clear_cache()
+    det = device.detect({})
+    assert det.devices == () and "NVML" in (det.reason or "")
+    with pytest.raises(DeviceError, match="no NVIDIA GPU"):
+        det.device(0)
+
+
+def test_real_probe_never_raises_here() -> None:
+    raw, reason = device._probe_nvml()
+    assert raw or reason
+
+
+def _raw(i: int, cc: tuple[int, int], uuid: str, cores: int, clock: int = 2000) -> _Raw:
+    return _Raw(DeviceInfo(i, f"gpu{i}", cc, uuid=uuid, max_sm_clock_mhz=clock), cores)
+
+
+MIXED = [_raw(0, (12, 0), "GPU-aaaa-1111", 8960), _raw(1, (10, 0), "GPU-bbbb-2222", 18944)]
+
+
+def test_pci_bus_order_is_nvml_order() -> None:
+    assert [d.name for d in order_devices(MIXED, "PCI_BUS_ID")] == ["gpu0", "gpu1"]
+
+
+def test_fastest_first_puts_newest_capability_first_and_keeps_ties() -> None:
+    assert [d.name for d in order_devices(MIXED, None)] == ["gpu0", "gpu1"]  # 12.0 > 10.0
+    same = [_raw(0, (9, 0), "GPU-1", 16896), _raw(1, (9, 0), "GPU-2", 16896)]
+    assert [d.name for d in order_devices(same, "FASTEST_FIRST")] == ["gpu0", "gpu1"]
+
+
+def test_visible_devices_indices_uuids_and_stop_at_invalid() -> None:
+    ordered = order_devices(MIXED, "PCI_BUS_ID")
+    assert [d.name for d in apply_visible_devices(ordered, "1")] == ["gpu1"]
+    assert [d.name for d in apply_visible_devices(ordered, "1,0")] == ["gpu1", "gpu0"]
+    assert [d.name for d in apply_visible_devices(ordered, "GPU-bbbb")] == ["gpu1"]
+    assert [d.name for d in apply_visible_devices(ordered, "0,7,1")] == ["gpu0"]  # CUDA stops at the invalid 7
+    assert apply_visible_devices(ordered, "") == []
+    assert apply_visible_devices(ordered, "-1") == []
+    assert [d.name for d in apply_visible_devices(ordered, "0,0")] == ["gpu0"]
+
+
+def test_visible_devices_renumber(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "_probe_nvml", lambda: (MIXED, None))
+    device.clear_cache()
+    det = device.detect({"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert [(d.index, d.name) for d in det.devices] == [(0, "gpu1")]
+    det = device.detect({"CUDA_VISIBLE_DEVICES": "5"})
+    assert det.devices == () and "hides all" in (det.reason or "")
+
+
+def test_catalog_generic_entries_match_their_names() -> None:
+    for key, cc in {"sm90": (9, 0), "sm100": (10, 0), "sm103": (10, 3), "sm120": (12, 0), "sm121": (12, 1)}.items():
+        assert CATALOG[key].compute_capability == cc

@@ -1,0 +1,55 @@
+"""`import hwprofile` is cheap and side-effect free; detection leaves a forkable process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = r"""
+import json, os, sys
+before = set(os.environ.items())
+import hwprofile
+after_import = {m for m in sys.modules if m.split('.')[0] in ('torch', 'cuda', 'pynvml')}
+hwprofile.detect()
+p = hwprofile.profile(0) if hwprofile.detect().devices else None
+after_profile = {m for m in sys.modules if m.split('.')[0] in ('torch', 'cuda')}
+print(json.dumps({"import": sorted(after_import), "profile": sorted(after_profile), "env_changed": set(os.environ.items()) != before}))
+"""
+
+
+@pytest.mark.parametrize("device", [None, "h200", "gb300,rtx-pro-6000"])
+def test_import_and_profile_import_no_torch_or_cuda(device: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HWPROFILE_DEVICE"}
+    if device:
+        env["HWPROFILE_DEVICE"] = device
+    out = json.loads(subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True).stdout)
+    assert out["import"] == [], "import hwprofile must not import torch, cuda-python or NVML"
+    assert out["profile"] == [], "profile() must not import torch or cuda-python"
+    assert out["env_changed"] is False, "profile() must not write the environment"
+
+
+def test_plugin_modules_import_cheaply() -> None:
+    code = "import sys, hwprofile_sm90, hwprofile_sm100, hwprofile_sm120; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','cuda')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_process_can_fork_after_detection_and_profile() -> None:
+    code = r"""
+import os, hwprofile
+hwprofile.detect(); hwprofile.profile(0) if hwprofile.detect().devices else None
+pid = os.fork()
+if pid == 0:
+    import hwprofile as h
+    h.reset(); h.detect()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "0"
