@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import hwprofile
 import pytest
+
+import hwprofile
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from hwprofile.cli import main
 
 
@@ -48,6 +49,8 @@ def test_explain_shows_chain(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_env_export_skips_user_set(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.delenv("MYENGINE_FUSED_SHARED_EXPERTS", raising=False)
     _code, out, _ = run(capsys, "env", "--export", "--simulate", "rtx-pro-6000")
     assert "export TORCH_CUDA_ARCH_LIST=12.0a" in out and "export MYENGINE_FUSED_SHARED_EXPERTS=1" in out
     assert "CUDA_MODULE_LOADING" not in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hwprofile import device
 from hwprofile.catalog import CATALOG, lookup
 from hwprofile.device import DeviceInfo, _Raw, apply_visible_devices, order_devices

@@ -6,8 +6,9 @@ fresh random data; the reference is float64.
 
 from __future__ import annotations
 
-import hwprofile
 import pytest
+
+import hwprofile
 from hwprofile import ops
 
 pytestmark = pytest.mark.hwprofile_gpu("sm_90")

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from hwprofile import jit
 from hwprofile.errors import KernelCompileError, KernelError, PluginError, ToolchainError
 from hwprofile.jit import KernelSpec, Launch

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import hwprofile
 import pytest
+
+import hwprofile
 from hwprofile import ops
 
 torch = pytest.importorskip("torch")
@@ -110,12 +111,12 @@ def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest
     assert ops.decide("gemv", p, m=2, n=n, k=k).path == "fallback"
 
 
-def test_sm120_caps_k_for_99kb_smem(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sm120_predicate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "rtx-pro-6000")
     hwprofile.reset()
     p = hwprofile.profile(0)
-    assert ops.decide("gemv", p, m=1, n=4096, k=16384).path == "kernel"
-    assert ops.decide("gemv", p, m=1, n=4096, k=16896).path == "fallback"
+    assert ops.decide("gemv", p, m=1, n=4096, k=17408).path == "kernel"
+    assert ops.decide("gemv", p, m=1, n=4096, k=17920).path == "fallback"
     assert ops.decide("fp8_gemv", p, m=1, n=28672, k=4096).path == "kernel"
 
 
@@ -147,8 +148,10 @@ def test_launch_plans_fit_the_sm(sim: str, monkeypatch: pytest.MonkeyPatch) -> N
             for split in (True, False):
                 launch = p.kernels[op].configure(m=m, n=n, k=k, split_k=split)
                 assert launch.shared_bytes <= smem and launch.grid[1] in (1, 2, 4, 8) and launch.block[0] % 32 == 0
-                assert launch.grid[0] * launch.block[0] // 32 * 2 >= n  # every row is covered
-                assert f"<false, {'float' if op == 'router_gemm' else '__nv_bfloat16'}, {m}," in launch.name_expression
+                assert launch.grid[0] * 8 >= n > (launch.grid[0] - 1) * 8  # every row covered, no empty block
+                mt = 1 if m <= 8 else 2
+                want = f"hwp_skinny_mma<false, float, {mt}," if op == "router_gemm" else "hwp_gemv_simt<false, __nv_bfloat16, 1,"
+                assert launch.name_expression.startswith(want)
 
 
 def test_cpu_calls_count_as_fallback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import types
 
-import hwprofile
 import pytest
+
+import hwprofile
 from hwprofile import ArchSpec, hookimpl
 from hwprofile.device import DeviceInfo
 from hwprofile.errors import PluginError

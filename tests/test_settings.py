@@ -6,16 +6,17 @@ import json
 import re
 from pathlib import Path
 
-import hwprofile
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hwprofile
 from hwprofile import EnvDefault, Setting, Value, hookimpl
 from hwprofile.device import DeviceInfo
 from hwprofile.errors import PluginError, SettingError
 from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from hwprofile.settings import CORE_SETTINGS
-from hypothesis import given
-from hypothesis import strategies as st
 
 H200 = DeviceInfo(0, "NVIDIA H200", (9, 0), simulated=True)
 SPARK = DeviceInfo(0, "NVIDIA GB10", (12, 1), simulated=True)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+_ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
 NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
 
 
@@ -93,6 +93,7 @@ class _Table:
         self.split_k = bool(prof["gemv.split_k"])
         self.router_max = 0 if det or "router_gemm" not in k else int(prof["router_gemm.max_tokens"])
         self.linear_max = 0 if det or "linear_bf16_fp32" not in k else int(prof["linear_bf16_fp32.max_tokens"])
+        self.linear_max_n = int(prof["linear_bf16_fp32.max_n"])
         self.gemv = None if det or "gemv" not in k else _Predicate(prof, "gemv")
         self.fp8 = None if det or "fp8_gemv" not in k else _Predicate(prof, "fp8_gemv")
         self.failed: set[str] = set()
@@ -144,6 +145,8 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
             return Decision(op, "fallback", f"K={k} is not a multiple of 8")
         if not 1 <= m <= limit:
             return Decision(op, "fallback", f"M={m} > {key}={limit}")
+        if op == "linear_bf16_fp32" and n > t.linear_max_n:
+            return Decision(op, "fallback", f"N={n} > linear_bf16_fp32.max_n={t.linear_max_n}")
         return Decision(op, "kernel", f"M={m} <= {key}={limit}")
     pred = t.gemv if op == "gemv" else t.fp8
     assert pred is not None
@@ -203,7 +206,7 @@ def _run_kernel(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int
         hit = t.launches[key] = (kern, launch)
     kern, launch = hit
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    kern.launch(launch, stream, (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, n, k))
+    kern.launch(launch, stream, (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k))
     return True
 
 
@@ -223,7 +226,7 @@ def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x has K={k} but w has K={k2}; shapes {tuple(x.shape)} and {tuple(w.shape)}")
     if x.is_cuda:
         t = _table(x.device.index)
-        if 1 <= m <= t.linear_max and k % 8 == 0 and "linear_bf16_fp32" not in t.failed and _launchable(x, w):
+        if 1 <= m <= t.linear_max and n <= t.linear_max_n and k % 8 == 0 and "linear_bf16_fp32" not in t.failed and _launchable(x, w):
             out = torch.empty((m, n), dtype=torch.float32, device=x.device)
             if _run_kernel(t, "linear_bf16_fp32", out, x, w, None, m, n, k):
                 t.count("linear_bf16_fp32", "kernel")

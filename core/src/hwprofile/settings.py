@@ -242,6 +242,11 @@ CORE_SETTINGS: tuple[Setting, ...] = (
         minimum=0, maximum=16,
     ),
     Setting(
+        "linear_bf16_fp32.max_n", "int", 1 << 24,
+        "largest N for which linear_bf16_fp32 uses the small-M kernel (wider layers stay on cuBLAS)",
+        minimum=0, maximum=1 << 24,
+    ),
+    Setting(
         "gemv.split_k", "bool", False,
         "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)",
         bit_identical=False,

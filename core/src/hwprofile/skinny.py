@@ -19,44 +19,60 @@ NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
 
 @dataclass(frozen=True)
 class ArchTuning:
-    """Per-SM constants the launch plan depends on."""
+    """Per-SM constants the launch plan depends on (defaults measured on the H200, see benchmarks/)."""
 
     sm_count: int
-    max_shared_bytes: int  # opt-in dynamic shared memory per block
+    max_shared_bytes: int  # opt-in shared memory per block
     max_cluster: int = 8  # portable cluster size
-    warps: int = 4
-    rows: int = 2
-    unroll: int = 4
+    # tensor-core kernel (fp32 out, M <= 16): 8 warps x one n8 tile, 4 chunks per batch
+    mma_warps: int = 8
+    mma_nt: int = 1
+    mma_unroll: int = 4
+    mma_blocks_per_sm: float = 1.4  # split K over a cluster until the grid has this many blocks per SM
+    # SIMT kernel (M = 1): 4 warps x 2 rows, 4 (bf16) or 2 (fp8) vectors per row per batch
+    simt_warps: int = 4
+    simt_rows: int = 2
+    simt_unroll: int = 4
     fp8_unroll: int = 2
-    blocks_per_sm_goal: int = 2  # split K until the grid covers this many blocks per SM
+    simt_split_below: float = 3.0  # split K in 2 when the grid has fewer blocks per SM than this
 
 
 def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: int, split_k: bool) -> Launch:
-    """Tile and split-K choice for one call; pure, so it is tested on the CPU for every architecture."""
+    """Kernel, tiles and split-K for one call; pure, so it is tested on the CPU for every architecture.
+
+    fp32 output (router GEMM, small-M linear) takes the tensor-core kernel; bf16 output at M = 1
+    (GEMV, FP8 GEMV) takes the SIMT kernel, whose row-contiguous loads stream HBM best.
+    """
+    if not 1 <= m <= 16:
+        raise ValueError(f"the skinny-GEMM kernels take 1 <= M <= 16, got M={m}")
     vec = 16 if fp8 else 8
-    xv = 2 if fp8 else 1
-    rows_per_block = t.warps * t.rows
-    tiles = -(-n // rows_per_block)
-    kvec = k // vec
-    ksplit = 1
-
-    def smem(ks: int) -> int:
-        return m * -(-kvec // ks) * xv * 16
-
-    if split_k:
-        # Split K while the grid is short of the goal and each split keeps >= 2 vectors per lane.
-        while ksplit < t.max_cluster and tiles * ksplit < t.blocks_per_sm_goal * t.sm_count and kvec // (ksplit * 2) >= 64:
-            ksplit *= 2
-    while smem(ksplit) > t.max_shared_bytes and ksplit < t.max_cluster:
-        ksplit *= 2  # a larger split also shrinks the staged x slice
-    if smem(ksplit) > t.max_shared_bytes:
-        raise ValueError(f"x slice of {smem(ksplit)} bytes exceeds {t.max_shared_bytes} bytes of shared memory (m={m}, k={k})")
-    # Deep unrolling keeps many weight loads in flight; at large M the x operands it would hoist
-    # cost more registers than the extra loads buy, so unroll less there.
-    unroll = t.fp8_unroll if fp8 else (t.unroll if m <= 4 else 2)
+    if k % vec:
+        raise ValueError(f"K={k} must be a multiple of {vec} for 16-byte loads")
     tout = "float" if out == "float" else "__nv_bfloat16"
-    expr = f"hwp_skinny_gemm<{'true' if fp8 else 'false'}, {tout}, {m}, {t.warps}, {t.rows}, {ksplit}, {unroll}, {scale}>"
-    return Launch(expr, (tiles, ksplit, 1), (t.warps * 32, 1, 1), smem(ksplit))
+    f8 = "true" if fp8 else "false"
+    if out == "float" and not fp8:
+        rows = 8 * t.mma_nt
+        groups = -(-n // rows)
+        chunks = -(-k // 32)
+        ksplit = 1
+        if split_k:
+            while ksplit < t.max_cluster and groups * ksplit < t.mma_blocks_per_sm * t.sm_count and chunks >= 2 * ksplit * t.mma_warps:
+                ksplit *= 2
+        mt = 1 if m <= 8 else 2
+        expr = f"hwp_skinny_mma<{f8}, {tout}, {mt}, {t.mma_warps}, {t.mma_nt}, {ksplit}, {t.mma_unroll}, {scale}>"
+        return Launch(expr, (groups, ksplit, 1), (t.mma_warps * 32, 1, 1), 0)
+    if m != 1:
+        raise ValueError(f"the bf16-output GEMV kernels take M = 1, got M={m}")
+    rows = t.simt_warps * t.simt_rows
+    groups = -(-n // rows)
+    ksplit = 2 if split_k and groups < t.simt_split_below * t.sm_count and k // vec >= 64 else 1
+    per = -(-(k // vec) // ksplit)
+    smem = per * (2 if fp8 else 1) * 16
+    if smem > t.max_shared_bytes:
+        raise ValueError(f"x slice of {smem} bytes exceeds this SM's {t.max_shared_bytes} bytes of shared memory (K={k})")
+    unroll = t.fp8_unroll if fp8 else t.simt_unroll
+    expr = f"hwp_gemv_simt<{f8}, {tout}, 1, {t.simt_warps}, {t.simt_rows}, {ksplit}, {unroll}, {scale}>"
+    return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
 
 
 ROUTER_SHAPES = [(m, n, 7168) for m in range(1, 17) for n in (256, 384)]

@@ -34,8 +34,6 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
         # The FP8 GEMV exists for SM120: with no tcgen05, cuBLAS FP8 at M = 1 is a poor fit and the
         # fallback dequantises the whole weight first.
         "gemv.split_k": Value(True, "fill the SMs at small N; not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0"),
-        "gemv.max_k": Value(16384, "x slice must fit ~99 KB of shared memory with split-K up to 8"),
-        "fp8_gemv.max_k": Value(16384, "x slice must fit ~99 KB of shared memory with split-K up to 8"),
         "fp8_gemv.cublas_roof_n_min": Value(0, "the FP8 kernel is used at every N (no near-roof fallback for FP8 at M = 1)"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }
