@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile import jit
+from hwprofile import jit, kernelspec
 from hwprofile.errors import KernelCompileError, KernelError, PluginError, ToolchainError
 from hwprofile.jit import KernelSpec, Launch
 
@@ -37,7 +37,7 @@ def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "cache"
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(cache))
     jit._memo_compiled.clear()
-    jit._source_digest.cache_clear()
+    kernelspec._source_digest.cache_clear()
     return root / "toy_kernels"
 
 
@@ -65,7 +65,7 @@ def test_every_key_part_changes_the_key(pkg: Path, monkeypatch: pytest.MonkeyPat
     assert jit.cache_key(spec(version="toy 1.1"), "sm_90a", ("scale_kernel<2>",)) != base
     assert jit.cache_key(spec(), "sm_90a", ("scale_kernel<3>",)) != base
     (pkg / "k.cu").write_text(SRC + "\n// edit\n")
-    jit._source_digest.cache_clear()
+    kernelspec._source_digest.cache_clear()
     edited = jit.cache_key(spec(), "sm_90a", ("scale_kernel<2>",))
     assert edited != base
     monkeypatch.setattr(jit, "nvrtc_version", lambda: (99, 0))
@@ -75,10 +75,10 @@ def test_every_key_part_changes_the_key(pkg: Path, monkeypatch: pytest.MonkeyPat
 def test_included_header_content_is_in_the_key(pkg: Path) -> None:
     (pkg / "extra.cuh").write_text("#define FACTOR 1\n")
     (pkg / "k.cu").write_text('#include "extra.cuh"\n' + SRC)
-    jit._source_digest.cache_clear()
+    kernelspec._source_digest.cache_clear()
     a = jit.cache_key(spec(), "sm_90a", ("scale_kernel<2>",))
     (pkg / "extra.cuh").write_text("#define FACTOR 2\n")
-    jit._source_digest.cache_clear()
+    kernelspec._source_digest.cache_clear()
     assert jit.cache_key(spec(), "sm_90a", ("scale_kernel<2>",)) != a
 
 
@@ -125,7 +125,7 @@ def test_cache_off_compiles_without_writing(pkg: Path, monkeypatch: pytest.Monke
 
 def test_syntax_error_names_kernel_plugin_target_and_log(pkg: Path) -> None:
     (pkg / "k.cu").write_text("__global__ void broken( { }\n")
-    jit._source_digest.cache_clear()
+    kernelspec._source_digest.cache_clear()
     with pytest.raises(KernelCompileError) as e:
         jit.compile_spec(spec(), "sm_120a")
     msg = str(e.value)

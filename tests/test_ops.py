@@ -99,9 +99,9 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize(
     ("n", "k", "path"),
-    [(2048, 7168, "kernel"), (4096, 4096, "kernel"), (12288, 4096, "fallback"), (28672, 4096, "fallback"), (32768, 4096, "kernel"),
-     (57344, 7168, "kernel"), (152064, 5120, "fallback"), (2048, 7000, "fallback"), (2048, 256, "fallback"), (2050, 4096, "fallback"),
-     (2048, 17920, "fallback"), (64, 512, "kernel"), (65536, 17408, "kernel")],
+    [(2048, 7168, "kernel"), (4096, 4096, "kernel"), (7168, 2048, "kernel"), (7168, 16384, "fallback"), (12288, 4096, "fallback"),
+     (28672, 4096, "fallback"), (57344, 7168, "fallback"), (152064, 5120, "fallback"), (2048, 7000, "fallback"), (2048, 256, "fallback"),
+     (2050, 4096, "fallback"), (7176, 4096, "fallback"), (64, 512, "kernel"), (56, 512, "fallback"), (7168, 7168, "kernel"), (2048, 7680, "fallback")],
 )
 def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch, n: int, k: int, path: str) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
@@ -109,6 +109,23 @@ def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest
     p = hwprofile.profile(0)
     assert ops.decide("gemv", p, m=1, n=n, k=k).path == path
     assert ops.decide("gemv", p, m=2, n=n, k=k).path == "fallback"
+
+
+def test_fp8_predicate_on_hopper_covers_every_measured_n(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    p = hwprofile.profile(0)
+    for n, k in [(2048, 7168), (12288, 4096), (28672, 4096), (152064, 5120)]:
+        assert ops.decide("fp8_gemv", p, m=1, n=n, k=k).path == "kernel"
+
+
+def test_linear_threshold_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    p = hwprofile.profile(0)
+    assert ops.decide("linear_bf16_fp32", p, m=8, n=4096, k=7168).path == "kernel"
+    assert ops.decide("linear_bf16_fp32", p, m=9, n=256, k=7168).path == "fallback"
+    assert ops.decide("linear_bf16_fp32", p, m=4, n=8192, k=7168).path == "fallback"
 
 
 def test_sm120_predicate(monkeypatch: pytest.MonkeyPatch) -> None:

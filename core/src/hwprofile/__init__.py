@@ -28,8 +28,8 @@ _LAZY = {
     "Setting": "settings",
     "Value": "settings",
     "EnvDefault": "settings",
-    "KernelSpec": "jit",
-    "Launch": "jit",
+    "KernelSpec": "kernelspec",
+    "Launch": "kernelspec",
     "HwprofileError": "errors",
     "PluginError": "errors",
     "SettingError": "errors",
@@ -58,7 +58,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from .device import DeviceInfo, detect
     from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
-    from .jit import KernelSpec, Launch
+    from .kernelspec import KernelSpec, Launch
     from .profiles import Profile, profile, reset
     from .registry import ArchSpec, PluginInfo
     from .settings import EnvDefault, Setting, Value

@@ -246,7 +246,8 @@ def _probe_nvml() -> tuple[list[_Raw], str | None]:
                 driver_version=driver,
                 cuda_driver_version=cuda_driver,
             )
-            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h))))
+            # cores only matter for ordering several GPUs; skip the query on one-GPU hosts
+            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if count > 1 else None))
         return raw, None
     except pynvml.NVMLError as exc:
         return [], f"NVML failed while listing GPUs ({_nvml_reason(exc)})"

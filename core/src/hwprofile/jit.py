@@ -31,15 +31,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import KernelCompileError, KernelError, PluginError, ToolchainError
-
-if TYPE_CHECKING:
-    from .device import DeviceInfo
-    from .registry import Registry, Selection
+from .errors import KernelCompileError, KernelError, ToolchainError
+from .kernelspec import OWN_INCLUDE, KernelSpec, Launch
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +43,6 @@ CACHE_DIR_ENV = "HWPROFILE_CACHE_DIR"
 CACHE_ENV = "HWPROFILE_CACHE"
 _MAGIC = b"HWPCUBIN"
 _FORMAT = 1
-_OWN_INCLUDE = str(Path(__file__).parent / "include")
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 # Oldest NVRTC (major, minor) that knows each target's architecture.
 MIN_NVRTC: dict[str, tuple[int, int]] = {
@@ -56,78 +50,6 @@ MIN_NVRTC: dict[str, tuple[int, int]] = {
     "sm_100": (12, 8), "sm_100a": (12, 8), "sm_103": (12, 9), "sm_103a": (12, 9),
     "sm_120": (12, 8), "sm_120a": (12, 8), "sm_121": (12, 9), "sm_121a": (12, 9),
 }
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How to launch one kernel instance: its template name expression, grid, block and dynamic smem."""
-
-    name_expression: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """A kernel a plugin contributes: CUDA C++ source shipped as package data, plus how to launch it.
-
-    ``instances`` are the template name expressions ``hwprofile compile`` pre-builds into one cubin;
-    ``configure(**shape)`` returns the :class:`Launch` for a call (any name expression not among
-    ``instances`` is compiled on first use and cached separately).
-    """
-
-    op: str
-    package: str
-    source: str
-    instances: tuple[str, ...]
-    configure: Callable[..., Launch] = field(compare=False, repr=False)
-    options: tuple[str, ...] = ()
-    doc: str = ""
-    plugin: str = ""
-    distribution_version: str = ""
-
-    def source_path(self) -> Path:
-        """Filesystem path of the source; an error says which package data is missing."""
-        try:
-            p = resources.files(self.package).joinpath(self.source)
-        except ModuleNotFoundError:
-            raise PluginError(f"plugin {self.plugin}: kernel {self.op!r} names package {self.package!r}, which is not importable") from None
-        if not p.is_file():
-            raise PluginError(
-                f"plugin {self.plugin}: kernel {self.op!r} source {self.source!r} is missing from package {self.package!r}; "
-                "ship it as package data ([tool.setuptools.package-data] in the plugin's pyproject.toml)"
-            )
-        return Path(str(p))
-
-    def read_source(self) -> str:
-        return self.source_path().read_text()
-
-    def source_digest(self, *, with_cuda_headers: bool = True) -> str:
-        """SHA-256 of the source and every header it includes: changes when the kernel code changes.
-
-        ``with_cuda_headers=False`` hashes only the plugin's and hwprofile's own headers: cheap
-        enough for the profile fingerprint, and it imports nothing CUDA.
-        """
-        dirs = include_dirs() if with_cuda_headers else (_OWN_INCLUDE,)
-        return _source_digest(str(self.source_path()), tuple(dirs))
-
-    def describe(self) -> dict[str, Any]:
-        return {"op": self.op, "plugin": self.plugin, "package": self.package, "source": self.source, "instances": len(self.instances), "doc": self.doc}
-
-
-def collect_kernels(reg: Registry, selection: Selection, info: DeviceInfo) -> dict[str, KernelSpec]:
-    """Kernel specs for a device: the selected arch plugin's, then downstream ones (higher wins by op)."""
-    assert selection.target is not None
-    out: dict[str, KernelSpec] = {}
-    for p, specs in reg.call_layers("hwprofile_kernels", reg.participants(selection.plugin, "hwprofile_kernels"), device=info, target=selection.target):
-        for spec in specs or ():
-            if not isinstance(spec, KernelSpec):
-                raise PluginError(f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}")
-            spec = KernelSpec(**{**spec.__dict__, "plugin": p.name, "distribution_version": f"{p.distribution} {p.version}"})
-            spec.source_path()  # a missing source is the plugin author's error: report it now, by name
-            out[spec.op] = spec
-    return out
 
 
 # --- toolchain -----------------------------------------------------------------------------------
@@ -170,7 +92,7 @@ def nvrtc_archs() -> tuple[int, ...]:
 @cache
 def include_dirs() -> tuple[str, ...]:
     """hwprofile's shared kernel headers, then the CUDA headers found by cuda.pathfinder."""
-    dirs = [_OWN_INCLUDE]
+    dirs = [OWN_INCLUDE]
     try:
         import cuda.pathfinder as pf
 
@@ -192,37 +114,6 @@ def check_target(target: str) -> None:
         raise ToolchainError(
             f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with pip install -U 'hwprofile[cu13]'"
         )
-
-
-def _resolve_include(name: str, dirs: Sequence[str]) -> Path | None:
-    for d in dirs:
-        p = Path(d) / name
-        if p.is_file():
-            return p
-    return None
-
-
-@cache
-def _source_digest(path: str, dirs: tuple[str, ...]) -> str:
-    """SHA-256 over the source and, transitively, the content of every header found in ``dirs``."""
-    h = hashlib.sha256()
-    seen: set[Path] = set()
-    todo = [Path(path)]
-    search = (str(Path(path).parent), *dirs)
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        text = p.read_bytes()
-        h.update(str(p.name).encode() + b"\0" + hashlib.sha256(text).digest())
-        for inc in _INCLUDE_RE.findall(text.decode(errors="replace")):
-            found = _resolve_include(inc, (str(p.parent), *search))
-            if found is not None:
-                todo.append(found)
-            else:
-                h.update(b"<builtin>" + inc.encode())
-    return h.hexdigest()
 
 
 def cache_key(spec: KernelSpec, target: str, expressions: Sequence[str]) -> str:

@@ -184,6 +184,14 @@ def _launchable(*tensors: Any) -> bool:
 # --- kernel path ---------------------------------------------------------------------------------
 
 
+def _raw_stream(index: int) -> int:
+    """Handle of torch's current stream on ``index`` (so graph capture records the launch)."""
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton uses: no Stream object
+    return int(get(index)) if get is not None else int(torch.cuda.current_stream(index).cuda_stream)
+
+
 def _run_kernel(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, scale_mode: int = NO_SCALE) -> bool:
     """Launch ``op``'s kernel; False (after one warning) if it cannot be built or loaded."""
     import torch
@@ -205,7 +213,7 @@ def _run_kernel(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int
             return False
         hit = t.launches[key] = (kern, launch)
     kern, launch = hit
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    stream = _raw_stream(t.index)
     kern.launch(launch, stream, (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k))
     return True
 

@@ -185,7 +185,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
 
     kernels: dict[str, Any] = {}
     if selection.target is not None:
-        from .jit import collect_kernels  # cheap: jit imports CUDA only when compiling
+        from .kernelspec import collect_kernels
 
         kernels = collect_kernels(reg, selection, info)
 

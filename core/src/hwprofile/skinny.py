@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from .jit import KernelSpec, Launch
+from .kernelspec import KernelSpec, Launch
 
 NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
 

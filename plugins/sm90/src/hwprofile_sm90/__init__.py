@@ -21,20 +21,30 @@ def hwprofile_arch() -> ArchSpec:
     return ArchSpec({(9, 0): "sm_90a"}, "NVIDIA Hopper (H100, H200, H20): wgmma, TMA, clusters, 227 KB smem/block")
 
 
+# Where and against what every threshold below was measured (benchmarks/RESULTS.md, 2026-11-30).
+MEASURED = "H200, torch 2.11.0+cu130, cold L2, CUDA-graph replay, 2026-11-30"
+FP32_FALLBACK = "torch.mm(out_dtype=torch.float32) (cuBLAS)"
+
+
 @hookimpl
 def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    against = "torch.mm(out_dtype=torch.float32) (cuBLAS) on an H200"
     return {
-        "router_gemm.max_tokens": Value(16, f"JIT router GEMM compiled for M = 1..16; measured against {against}"),
-        "linear_bf16_fp32.max_tokens": Value(16, f"small-M kernel measured against {against}"),
+        # Kernel 3.8-4.4 us (N=256) and 4.8-5.3 us (N=384) vs 6.4-7.8 us: wins at every M = 1..16.
+        "router_gemm.max_tokens": Value(16, f"kernel wins at every M = 1..16 (1.42-1.74x) against {FP32_FALLBACK}; {MEASURED}"),
+        # N=256: wins to M=16; N=4096: wins to M=8 (17.7 vs 20.6 us), loses at M=16 (26.2 vs 20.8 us).
+        "linear_bf16_fp32.max_tokens": Value(8, f"N=4096 loses from M=16 against {FP32_FALLBACK}; {MEASURED}"),
+        "linear_bf16_fp32.max_n": Value(4096, f"widest N measured to win; wider layers stay on cuBLAS; {MEASURED}"),
         "gemv.split_k": Value(True, "small N leaves most of the 132 SMs idle without split-K over a cluster; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
-        # cuBLAS reaches 3.2-3.7 TB/s for N >= 16K on the H200 (near the 4.3 TB/s copy roof),
-        # but only 1.7-1.9 TB/s at N = 2048-7168, where the kernel is used.
-        "gemv.cublas_roof_n_min": Value(12288, "cuBLAS bf16 GEMV is near the bandwidth roof from N = 12288 on the H200"),
-        "gemv.cublas_roof_n_max": Value(32768, "from N = 32768 the kernel beats cuBLAS again on the H200"),
-        "fp8_gemv.cublas_roof_n_min": Value(0, "FP8 fallback dequantises then runs a bf16 GEMV: the kernel wins at every N"),
-        "fp8_gemv.cublas_roof_n_max": Value(0, "no gap: the kernel is used over the whole N range"),
-        "fp8_gemv.k_multiple": Value(512, "K tiles of 512 e4m3 values"),
+        # bf16 GEMV: wins 1.06-1.20x at N <= 7168 with K <= 7168 (latency-bound, < 40 MB of
+        # weights); from 100 MB on cuBLAS reaches 3.5-4.2 TB/s and the kernel is 0.89-0.99x.
+        "gemv.max_n": Value(7168, f"cuBLAS F.linear wins from N = 12288 (0.89-0.97x) on {MEASURED}"),
+        "gemv.max_k": Value(7168, f"cuBLAS F.linear wins at N=7168, K=16384 (0.96x) on {MEASURED}"),
+        "gemv.cublas_roof_n_min": Value(0, "no gap needed: gemv.max_n already keeps cuBLAS's near-roof N range"),
+        "gemv.cublas_roof_n_max": Value(0, "no gap"),
+        # FP8: the fallback dequantises the whole weight every call; the kernel is 15-30x faster.
+        "fp8_gemv.max_n": Value(1 << 20, f"kernel wins at every measured N up to 152064 against dequantise + F.linear; {MEASURED}"),
+        "fp8_gemv.cublas_roof_n_min": Value(0, "no near-roof fallback for FP8 at M = 1"),
+        "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }
 
 
