@@ -194,7 +194,6 @@ def _raw_stream(index: int) -> int:
 
 def _run_kernel(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, scale_mode: int = NO_SCALE) -> bool:
     """Launch ``op``'s kernel; False (after one warning) if it cannot be built or loaded."""
-    import torch
 
     key = (op, m, n, k, scale_mode)
     hit = t.launches.get(key)
