@@ -14,6 +14,11 @@ SNIPPETS = {
     "import hwprofile": "import hwprofile",
     "import pynvml + nvmlInit + capability": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
     "import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
+    # breakdown of the first profile() (each in a fresh process)
+    "import importlib.metadata": "import importlib.metadata",
+    "entry_points(group='hwprofile.plugins')": "from importlib.metadata import entry_points; entry_points(group='hwprofile.plugins')",
+    "hwprofile.detect() (NVML probe)": "import hwprofile; hwprofile.detect()",
+    "registry: load plugins": "from hwprofile.profiles import registry; registry()",
 }
 
 

@@ -96,3 +96,106 @@ def test_visible_devices_renumber(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_catalog_generic_entries_match_their_names() -> None:
     for key, cc in {"sm90": (9, 0), "sm100": (10, 0), "sm103": (10, 3), "sm120": (12, 0), "sm121": (12, 1)}.items():
         assert CATALOG[key].compute_capability == cc
+
+
+class FakeNVML:
+    """A stand-in for pynvml with two GPUs, so the NVML code path runs in CPU-only CI."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus: list[dict], fail_init: bool = False) -> None:
+        self.gpus, self.fail_init, self.calls = gpus, fail_init, []
+
+    def nvmlInit(self) -> None:
+        if self.fail_init:
+            raise self.NVMLError("Driver Not Loaded")
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> dict:
+        return self.gpus[i]
+
+    def nvmlDeviceGetHandleByUUID(self, u: str) -> dict:
+        return next(g for g in self.gpus if g["uuid"] == u)
+
+    def nvmlDeviceGetName(self, h: dict) -> bytes:
+        return h["name"].encode()
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: dict) -> tuple[int, int]:
+        return h["cc"]
+
+    def nvmlDeviceGetUUID(self, h: dict) -> str:
+        return h["uuid"]
+
+    def nvmlDeviceGetPciInfo(self, h: dict) -> object:
+        return type("Pci", (), {"busId": h["pci"]})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: dict) -> object:
+        return type("Mem", (), {"total": 80 << 30})()
+
+    def nvmlDeviceGetMaxClockInfo(self, h: dict, which: int) -> int:
+        self.calls.append("clock")
+        return 1980 if which == 1 else 2619
+
+    def nvmlDeviceGetMemoryBusWidth(self, h: dict) -> int:
+        raise self.NVMLError("Not Supported")  # optional facts may be missing
+
+    def nvmlDeviceGetNumGpuCores(self, h: dict) -> int:
+        return h["cores"]
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.159.04"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 13000
+
+
+GPUS = [
+    {"name": "NVIDIA RTX PRO 4000", "cc": (12, 0), "uuid": "GPU-aaaa", "pci": "00000000:17:00.0", "cores": 8960},
+    {"name": "NVIDIA GB300", "cc": (10, 3), "uuid": "GPU-bbbb", "pci": "00000000:65:00.0", "cores": 20480},
+]
+
+
+def test_nvml_probe_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    fake = FakeNVML(GPUS)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    device.clear_cache()
+    det = device.detect({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert [d.name for d in det.devices] == ["NVIDIA RTX PRO 4000", "NVIDIA GB300"]
+    d = det.devices[1]
+    assert d.compute_capability == (10, 3) and d.uuid == "GPU-bbbb" and d.pci_bus_id == "00000000:65:00.0"
+    assert d.driver_version == "580.159.04" and d.cuda_driver_version == (13, 0)
+    assert d.max_sm_clock_mhz == 1980 and d.memory_bus_width_bits is None  # unsupported query: None, not an error
+    assert fake.calls[-1] == "shutdown"
+    det = device.detect({"CUDA_VISIBLE_DEVICES": "GPU-bbbb"})
+    assert [(x.index, x.name) for x in det.devices] == [(0, "NVIDIA GB300")]
+
+
+def test_nvml_probe_one_gpu_skips_slow_queries_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    fake = FakeNVML(GPUS[:1])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    device.clear_cache()
+    d = device.detect({}).devices[0]
+    assert "clock" not in fake.calls and d.max_sm_clock_mhz is None
+    full = device.with_details(d)
+    assert full.max_sm_clock_mhz == 1980 and full.max_memory_clock_mhz == 2619
+
+
+def test_nvml_init_failure_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(GPUS, fail_init=True))
+    device.clear_cache()
+    det = device.detect({})
+    assert det.devices == () and "Driver Not Loaded" in (det.reason or "")

@@ -130,25 +130,31 @@ def test_hook_that_raises_names_distribution_and_version() -> None:
 
 
 def test_broken_entry_point_names_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
-    from importlib import metadata
+    from hwprofile import registry
 
-    class FakeDist:
-        metadata = {"Name": "broken-dist"}
-        version = "0.0.1"
-
-    class FakeEP:
-        name = "broken"
-        value = "no_such_module_xyz"
-        dist = FakeDist()
-
-        def load(self) -> object:
-            raise ImportError("No module named 'no_such_module_xyz'")
-
-    monkeypatch.setattr(metadata, "entry_points", lambda group: [FakeEP()])
+    broken = registry.EntryPoint("broken", "no_such_module_xyz", "broken-dist", "0.0.1")
+    monkeypatch.setattr(registry, "find_entry_points", lambda group: [broken])
     with pytest.raises(PluginError) as e:
         Registry({}).load_entry_points()
     msg = str(e.value)
     assert "broken-dist 0.0.1" in msg and "no_such_module_xyz" in msg and "HWPROFILE_DISABLE_PLUGINS=broken" in msg
+
+
+def test_fast_entry_point_scan_matches_importlib_metadata() -> None:
+    from hwprofile import registry
+
+    key = lambda e: e.name  # noqa: E731
+    fast = sorted(registry.find_entry_points(registry.ENTRY_POINT_GROUP), key=key)
+    slow = sorted(registry._entry_points_slow(registry.ENTRY_POINT_GROUP), key=key)
+    assert fast == slow and {e.name for e in fast} >= {"sm90", "sm100", "sm120"}
+
+
+def test_entry_point_attribute_form(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwprofile import registry
+
+    (tmp_path / "ep_mod.py").write_text("class Holder:\n    class Inner:\n        x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert registry.EntryPoint("x", "ep_mod:Holder.Inner", None, None).load().x == 1
 
 
 def test_invalid_arch_spec_is_rejected() -> None:

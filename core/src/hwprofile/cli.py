@@ -39,11 +39,18 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(prof.as_dict(), indent=2, default=str))
         return 0
-    d, p = prof.device, prof.plugin
+    from .device import with_details
+
+    d, p = with_details(prof.device), prof.plugin
     cc = d.compute_capability
     print(f"device {d.index}: {d.name}  (compute capability {cc[0]}.{cc[1]}, {d.sm}{', simulated' if d.simulated else ''})")
     if d.memory_bytes:
-        print(f"  memory {d.memory_bytes / 2**30:.1f} GiB" + (f", driver {d.driver_version}" if d.driver_version else ""))
+        facts = [f"memory {d.memory_bytes / 2**30:.1f} GiB"]
+        facts += [f"bus {d.memory_bus_width_bits} bit"] if d.memory_bus_width_bits else []
+        facts += [f"max clocks {d.max_sm_clock_mhz}/{d.max_memory_clock_mhz} MHz"] if d.max_sm_clock_mhz else []
+        facts += [f"driver {d.driver_version}"] if d.driver_version else []
+        facts += [f"PCI {d.pci_bus_id}"] if d.pci_bus_id else []
+        print("  " + ", ".join(facts))
     print(f"plugin: {p.label if p else 'none'}  target: {prof.target or '-'}")
     print(f"  why: {prof.selection.reason}")
     print(f"fingerprint: {prof.fingerprint}\n")
@@ -276,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HwprofileError as exc:
         print(f"hwprofile: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `hwprofile show | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

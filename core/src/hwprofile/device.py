@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import catalog
 from .errors import DeviceError
@@ -228,26 +229,23 @@ def _probe_nvml() -> tuple[list[_Raw], str | None]:
         cuda_v = _q(pynvml.nvmlSystemGetCudaDriverVersion)
         cuda_driver = (cuda_v // 1000, (cuda_v % 1000) // 10) if isinstance(cuda_v, int) else None
         raw = []
+        several = count > 1  # clocks, bus width and cores cost ~1-4 ms each; read them when ordering needs them
         for i in range(count):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            mem = _q(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).total)
-            pci = _q(lambda h=h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))
             info = DeviceInfo(
                 index=i,
                 name=_text(pynvml.nvmlDeviceGetName(h)),
                 compute_capability=(int(major), int(minor)),
                 uuid=_q(lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h))),
-                pci_bus_id=pci,
-                memory_bytes=mem,
-                max_sm_clock_mhz=_q(lambda h=h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
-                max_memory_clock_mhz=_q(lambda h=h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
-                memory_bus_width_bits=_q(lambda h=h: pynvml.nvmlDeviceGetMemoryBusWidth(h)),
+                pci_bus_id=_q(lambda h=h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId)),
+                memory_bytes=_q(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).total),
                 driver_version=driver,
                 cuda_driver_version=cuda_driver,
             )
-            # cores only matter for ordering several GPUs; skip the query on one-GPU hosts
-            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if count > 1 else None))
+            if several:
+                info = DeviceInfo(**{**info.__dict__, **_slow_facts(pynvml, h)})
+            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if several else None))
         return raw, None
     except pynvml.NVMLError as exc:
         return [], f"NVML failed while listing GPUs ({_nvml_reason(exc)})"
@@ -255,6 +253,37 @@ def _probe_nvml() -> tuple[list[_Raw], str | None]:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:  # pragma: no cover
+            pass
+
+
+def _slow_facts(pynvml: Any, h: Any) -> dict[str, int | None]:
+    """Max clocks and memory bus width: slow NVML queries (milliseconds each on some drivers)."""
+    return {
+        "max_sm_clock_mhz": _q(lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+        "max_memory_clock_mhz": _q(lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+        "memory_bus_width_bits": _q(lambda: pynvml.nvmlDeviceGetMemoryBusWidth(h)),
+    }
+
+
+def with_details(d: DeviceInfo) -> DeviceInfo:
+    """``d`` with max clocks and bus width filled in (a second, short NVML session for a real GPU)."""
+    if d.simulated or d.max_sm_clock_mhz is not None or d.uuid is None:
+        return d
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - details are optional
+        return d
+    try:
+        h = pynvml.nvmlDeviceGetHandleByUUID(d.uuid)
+        return DeviceInfo(**{**d.__dict__, **_slow_facts(pynvml, h)})
+    except Exception:  # noqa: BLE001
+        return d
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001  # pragma: no cover
             pass
 
 

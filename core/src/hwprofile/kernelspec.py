@@ -6,7 +6,6 @@ none of the compile, cache and launch machinery.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -113,6 +112,8 @@ def _resolve_include(name: str, dirs: Sequence[str]) -> Path | None:
 @cache
 def _source_digest(path: str, dirs: tuple[str, ...]) -> str:
     """SHA-256 over the source and, transitively, the content of every header found in ``dirs``."""
+    import hashlib  # not at import: profile() should not pay for it unless it digests
+
     h = hashlib.sha256()
     seen: set[Path] = set()
     todo = [Path(path)]

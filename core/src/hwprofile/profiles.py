@@ -87,7 +87,7 @@ class Profile:
         p = self.plugin
         return {
             "fingerprint": self.fingerprint,
-            "device": self.device.as_dict(),
+            "device": _device.with_details(self.device).as_dict(),
             "plugin": {
                 "name": p.name if p else None,
                 "distribution": p.distribution if p else None,
