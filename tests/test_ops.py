@@ -177,3 +177,57 @@ def test_cpu_calls_count_as_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     ops.gemv(rand(1, 512), rand(64, 512))
     # CPU tensors never reach the device table: the op is still correct and takes the torch path.
     assert hwprofile.profile(0).stats.as_dict().get("gemv", {}).get("kernel", 0) == 0
+
+
+def test_stats_shown_in_the_process_that_ran_ops(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from hwprofile.cli import main
+
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    ops.reset_dispatch()
+    p = hwprofile.profile(0)
+    p.stats.counts.clear()
+    t = ops._Table(p)
+    for _ in range(3):
+        t.count("gemv", "kernel")
+    t.count("gemv", "fallback")
+    assert main(["show", "--stats"]) == 0
+    out = capsys.readouterr().out
+    assert "gemv" in out and "3" in out and "1" in out
+    assert p.stats.as_dict()["gemv"] == {"kernel": 3, "fallback": 1}
+
+
+def test_launch_gate_names_the_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    t = ops._Table(hwprofile.profile(0))
+    x, w, out = rand(1, 512), rand(64, 512), torch.empty(1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="gemv: out must be torch.bfloat16"):
+        ops._run_kernel(t, "gemv", out.float(), x, w, None, 1, 64, 512)
+    with pytest.raises(ValueError, match=r"gemv: w must have shape \(64, 512\)"):
+        ops._run_kernel(t, "gemv", out, x, rand(64, 256), None, 1, 64, 512)
+    with pytest.raises(ValueError, match="gemv: out must be on cuda:0"):
+        ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)
+
+
+def test_kernel_failure_warns_once_then_falls_back_or_raises_in_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwprofile import jit
+    from hwprofile.errors import KernelCompileError
+
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    t = ops._Table(hwprofile.profile(0))
+    monkeypatch.setattr(ops, "_check_launch", lambda *a: None)
+
+    def boom(*a: object, **k: object) -> None:
+        raise KernelCompileError("NVRTC failed to compile kernel 'gemv' of plugin sm90 for sm_90a: error")
+
+    monkeypatch.setattr(jit, "load", boom)
+    x, w, out = rand(1, 512), rand(64, 512), torch.empty(1, 64, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="gemv kernel unavailable"):
+        assert ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512) is False
+    assert "gemv" in t.failed
+    t.strict = True
+    t.launches.clear()
+    with pytest.raises(KernelCompileError):
+        ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)

@@ -177,8 +177,14 @@ def _same_device(*named: tuple[str, Any]) -> None:
             raise ValueError(f"{name} is on {t.device} but {named[0][0]} is on {dev}; put them on one device")
 
 
-def _launchable(*tensors: Any) -> bool:
-    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+def _launchable(t: _Table, op: str, *tensors: Any) -> bool:
+    """Kernels need contiguous, 16-byte aligned operands; others take the fallback (logged once)."""
+    if all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in tensors):
+        return True
+    if (op, "layout") not in t.logged:
+        t.logged.add((op, "layout"))
+        log.info("hwprofile: %s gets a non-contiguous or unaligned operand; such calls take the torch fallback", op)
+    return False
 
 
 # --- kernel path ---------------------------------------------------------------------------------
@@ -192,8 +198,38 @@ def _raw_stream(index: int) -> int:
     return int(get(index)) if get is not None else int(torch.cuda.current_stream(index).cuda_stream)
 
 
+_IN_DTYPE = {"router_gemm": "bfloat16", "linear_bf16_fp32": "bfloat16", "gemv": "bfloat16", "fp8_gemv": "float8_e4m3fn"}
+_OUT_DTYPE = {"router_gemm": "float32", "linear_bf16_fp32": "float32", "gemv": "bfloat16", "fp8_gemv": "bfloat16"}
+
+
+def _check_launch(op: str, index: int, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int) -> None:
+    """The last gate before a launch: a mismatch is a ValueError naming the argument, never a launch on bad memory."""
+    import torch
+
+    want = {
+        "out": (out, getattr(torch, _OUT_DTYPE[op]), (m, n)),
+        "x": (x, torch.bfloat16, (m, k)),
+        "w": (w, getattr(torch, _IN_DTYPE[op]), (n, k)),
+    }
+    if scale is not None:
+        want["scale"] = (scale, torch.float32, None)
+    for name, (tensor, dtype, shape) in want.items():
+        if tensor.dtype != dtype:
+            raise ValueError(f"{op}: {name} must be {dtype}, got {tensor.dtype}")
+        if shape is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{op}: {name} must have shape {shape}, got {tuple(tensor.shape)}")
+    for name, (tensor, _, _) in want.items():
+        if not tensor.is_cuda or tensor.get_device() != index:
+            raise ValueError(f"{op}: {name} must be on cuda:{index}, got {tensor.device}")
+        if not tensor.is_contiguous() or tensor.data_ptr() % 16:
+            raise ValueError(f"{op}: {name} must be contiguous and 16-byte aligned for the kernel")
+    if scale is not None and scale.numel() not in (1, n):
+        raise ValueError(f"{op}: scale must have 1 or {n} elements, got {scale.numel()}")
+
+
 def _run_kernel(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, scale_mode: int = NO_SCALE) -> bool:
     """Launch ``op``'s kernel; False (after one warning) if it cannot be built or loaded."""
+    _check_launch(op, t.index, out, x, w, scale, m, n, k)
 
     key = (op, m, n, k, scale_mode)
     hit = t.launches.get(key)
@@ -233,7 +269,7 @@ def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x has K={k} but w has K={k2}; shapes {tuple(x.shape)} and {tuple(w.shape)}")
     if x.is_cuda:
         t = _table(x.device.index)
-        if 1 <= m <= t.linear_max and n <= t.linear_max_n and k % 8 == 0 and "linear_bf16_fp32" not in t.failed and _launchable(x, w):
+        if 1 <= m <= t.linear_max and n <= t.linear_max_n and k % 8 == 0 and "linear_bf16_fp32" not in t.failed and _launchable(t, "linear_bf16_fp32", x, w):
             out = torch.empty((m, n), dtype=torch.float32, device=x.device)
             if _run_kernel(t, "linear_bf16_fp32", out, x, w, None, m, n, k):
                 t.count("linear_bf16_fp32", "kernel")
@@ -267,7 +303,7 @@ def router_gemm(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"hidden has K={k} but weight has K={k2}")
     if hidden.is_cuda:
         t = _table(hidden.device.index)
-        if 1 <= m <= t.router_max and k % 8 == 0 and "router_gemm" not in t.failed and _launchable(hidden, weight):
+        if 1 <= m <= t.router_max and k % 8 == 0 and "router_gemm" not in t.failed and _launchable(t, "router_gemm", hidden, weight):
             out = torch.empty((m, n), dtype=torch.float32, device=hidden.device)
             if _run_kernel(t, "router_gemm", out, hidden, weight, None, m, n, k):
                 t.count("router_gemm", "kernel")
@@ -291,7 +327,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
     if x.is_cuda:
         t = _table(x.device.index)
-        if t.gemv is not None and t.gemv.ok(n, k) and "gemv" not in t.failed and _launchable(x, w):
+        if t.gemv is not None and t.gemv.ok(n, k) and "gemv" not in t.failed and _launchable(t, "gemv", x, w):
             out = torch.empty((1, n), dtype=torch.bfloat16, device=x.device)
             if _run_kernel(t, "gemv", out, x, w, None, 1, n, k):
                 t.count("gemv", "kernel")
@@ -323,7 +359,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Ten
         raise ValueError(f"scale must have 1 element (per tensor) or N={n} elements (per row), got shape {tuple(scale.shape)}")
     if x.is_cuda:
         t = _table(x.device.index)
-        if t.fp8 is not None and t.fp8.ok(n, k) and k % 16 == 0 and "fp8_gemv" not in t.failed and _launchable(x, w, scale):
+        if t.fp8 is not None and t.fp8.ok(n, k) and k % 16 == 0 and "fp8_gemv" not in t.failed and _launchable(t, "fp8_gemv", x, w, scale):
             out = torch.empty((1, n), dtype=torch.bfloat16, device=x.device)
             if _run_kernel(t, "fp8_gemv", out, x, w, scale, 1, n, k, mode):
                 t.count("fp8_gemv", "kernel")
