@@ -16,13 +16,21 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         d = tmp_path_factory.mktemp("hwpcache")
         os.chmod(d, 0o700)
         os.environ["HWPROFILE_CACHE_DIR"] = str(d)
+    if "HWPROFILE_CONFIG_DIR" not in os.environ:  # no tuned files from the user's config dir
+        os.environ["HWPROFILE_CONFIG_DIR"] = str(tmp_path_factory.mktemp("hwpconfig"))
     yield
 
 
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Iterator[None]:
+    # the CLI's --simulate writes HWPROFILE_DEVICE into os.environ; keep each test's change to itself
+    before = os.environ.get("HWPROFILE_DEVICE")
     hwprofile.reset()
     yield
+    if before is None:
+        os.environ.pop("HWPROFILE_DEVICE", None)
+    else:
+        os.environ["HWPROFILE_DEVICE"] = before
     hwprofile.reset()
 
 
@@ -31,3 +39,18 @@ def no_downstream(monkeypatch: pytest.MonkeyPatch) -> None:
     """Profiles without the example downstream plugin (to see the architecture plugin's own values)."""
     monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "myengine")
     hwprofile.reset()
+
+
+def tuned_toml(dev: object, thresholds: dict[str, object], /, *, plugin: str = "arch", version: str = "1.0", kernel: str = "", op: str = "router_gemm", **stamp_changes: object) -> str:
+    """A tuned-thresholds file whose stamp matches ``dev`` and the running fallback, unless changed."""
+    import tomli_w
+
+    from hwprofile import stamps
+
+    st = stamps.current(op, dev, plugin, version, kernel, "2026-11-30").as_dict()
+    for k, v in stamp_changes.items():
+        if k.startswith("fallback_"):
+            st["fallback"][k[len("fallback_"):]] = v
+        else:
+            st[k] = v
+    return tomli_w.dumps({"stamp": st, "thresholds": thresholds})

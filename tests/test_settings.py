@@ -17,6 +17,7 @@ from hwprofile.errors import PluginError, SettingError
 from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from hwprofile.settings import CORE_SETTINGS
+from tests.conftest import tuned_toml
 
 H200 = DeviceInfo(0, "NVIDIA H200", (9, 0), simulated=True)
 SPARK = DeviceInfo(0, "NVIDIA GB10", (12, 1), simulated=True)
@@ -55,7 +56,7 @@ def Down(value: int, **opts: bool) -> object:
 
 def test_precedence_layer_by_layer(tmp_path: Path) -> None:
     tuned = tmp_path / "tuned.toml"
-    tuned.write_text(f'[stamp]\ncompute_capability = [9, 0]\n[thresholds]\n"{KEY}" = 6\n')
+    tuned.write_text(tuned_toml(H200, {KEY: 6}, plugin="arch", version="1.0"))
     steps = [
         ({}, [], 16, "core"),
         ({}, [("arch", Arch())], 12, "arch"),
@@ -114,7 +115,15 @@ def test_bad_plugin_value_names_plugin_key_and_allowed(values: dict[str, object]
 
 
 def test_bad_tuned_files(tmp_path: Path) -> None:
-    for text, needle in [("not = [toml", "not valid TOML"), ("[stamp]\n", "no [thresholds]"), (f'[thresholds]\n"{KEY}" = 400\n', "[0, 16]")]:
+    cases = [
+        ("not = [toml", "not valid TOML"),
+        ("[stamp]\n", "no [thresholds]"),
+        (f'[thresholds]\n"{KEY}" = 4\n', "no [stamp]"),
+        (f'[stamp]\nop = "router_gemm"\n[thresholds]\n"{KEY}" = 4\n', "[stamp] is incomplete"),
+        (tuned_toml(H200, {KEY: 400}), "[0, 16]"),
+        (tuned_toml(H200, {"no.such": 1}), "undeclared"),
+    ]
+    for text, needle in cases:
         f = tmp_path / "t.toml"
         f.write_text(text)
         env = {"HWPROFILE_TUNED_FILE": str(f)}
@@ -125,12 +134,69 @@ def test_bad_tuned_files(tmp_path: Path) -> None:
         build_profile(H200, _registry(env), env)
 
 
-def test_tuned_file_for_another_device_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"compute_capability": [12, 0]}, "device capability"),
+        ({"device": "NVIDIA H100 sm_90 80 GiB"}, "device 'NVIDIA H100"),
+        ({"plugin_version": "0.9"}, "plugin arch 0.9 -> arch 1.0"),
+        ({"kernel": "0123456789abcdef"}, "kernel source"),
+        ({"fallback_torch": "2.5.0"}, "fallback torch 2.5.0"),
+        ({"fallback_cublas": "12.1.0"}, "fallback cublas 12.1.0"),
+        ({"fallback_function": "torch.nn.functional.linear"}, "fallback function"),
+    ],
+)
+def test_stale_tuned_file_is_ignored_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture, change: dict[str, object], needle: str) -> None:
     f = tmp_path / "t.toml"
-    f.write_text(f'[stamp]\ncompute_capability = [12, 0]\n[thresholds]\n"{KEY}" = 3\n')
+    f.write_text(tuned_toml(H200, {KEY: 3}, **change))
     env = {"HWPROFILE_TUNED_FILE": str(f)}
-    assert build_profile(H200, _registry(env, ("arch", Arch())), env)[KEY] == 12
-    assert "ignored" in caplog.text
+    prof = build_profile(H200, _registry(env, ("arch", Arch())), env)
+    r = prof.explain(KEY)
+    assert r.value == 12 and r.winner.kind == "arch"  # the shipped value applies
+    tuned = r.chain[-1]
+    assert tuned.kind == "tuned" and not tuned.applied and needle in tuned.stale
+    assert needle in caplog.text and "hwprofile sweep router_gemm" in caplog.text
+    with pytest.raises(SettingError, match="HWPROFILE_STRICT"):
+        build_profile(H200, _registry(env, ("arch", Arch())), {**env, "HWPROFILE_STRICT": "1"})
+
+
+def test_fresh_tuned_file_applies_with_its_stamp(tmp_path: Path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text(tuned_toml(H200, {KEY: 5}))
+    env = {"HWPROFILE_TUNED_FILE": str(f)}
+    r = build_profile(H200, _registry(env, ("arch", Arch())), env).explain(KEY)
+    assert r.value == 5 and r.winner.kind == "tuned" and r.winner.stamp.fallback["function"].startswith("torch.mm")
+
+
+def test_default_tuned_dir_per_device(tmp_path: Path) -> None:
+    from hwprofile.profiles import tuned_dir
+
+    env = {"HWPROFILE_CONFIG_DIR": str(tmp_path)}
+    d = tuned_dir(H200, env)
+    d.mkdir(parents=True)
+    (d / "router_gemm.toml").write_text(tuned_toml(H200, {KEY: 7}))
+    assert d.name == "nvidia-h200-sm-90"
+    assert build_profile(H200, _registry(env, ("arch", Arch())), env)[KEY] == 7
+    assert build_profile(SPARK, _registry(env, ("arch", Arch())), env)[KEY] == 16  # another device's dir
+
+
+def test_shipped_threshold_stamp_is_reported_when_fallback_changed(caplog: pytest.LogCaptureFixture) -> None:
+    from hwprofile import stamps
+
+    old = stamps.Stamp("router_gemm", stamps.device_identity(H200), (9, 0), "arch", "1.0", "", {"function": "torch.mm(out_dtype=torch.float32)", "torch": "0.0.1"})
+
+    class Stamped:
+        @hookimpl
+        def hwprofile_arch(self) -> hwprofile.ArchSpec:
+            return hwprofile.ArchSpec({(9, 0): "sm_90a"})
+
+        @hookimpl
+        def hwprofile_settings(self, device: DeviceInfo, resolved: dict[str, object]) -> dict[str, object]:
+            return {KEY: Value(12, "measured", stamp=old)}
+
+    r = build_profile(H200, _registry({}, ("arch", Stamped())), {}).explain(KEY)
+    assert r.value == 12 and "fallback torch 0.0.1" in r.winner.stale  # reported, still used
+    assert "re-measure with: hwprofile sweep router_gemm" in caplog.text
 
 
 def test_declared_settings_namespace_and_duplicates() -> None:

@@ -52,7 +52,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"plugin: {p.label if p else 'none'}  target: {prof.target or '-'}")
     print(f"  why: {prof.selection.reason}")
     print(f"fingerprint: {prof.fingerprint}\n")
-    rows = [[k, _fmt(s.value), s.winner.source, "" if s.setting.bit_identical else "not bit-identical"] for k, s in prof.settings.items()]
+    def note(s: Any) -> str:
+        notes = [] if s.setting.bit_identical else ["not bit-identical"]
+        notes += [f"STALE: {s.winner.stale}"] if s.winner.stale else []
+        notes += [f"ignored stale {x.kind}: {x.stale}" for x in s.chain if not x.applied]
+        return "; ".join(notes)
+
+    rows = [[k, _fmt(s.value), s.winner.source, note(s)] for k, s in prof.settings.items()]
     print(_table(rows, ["setting", "value", "source", "note"]))
     if prof.env_defaults:
         print()
@@ -119,10 +125,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(f"  {s.doc}")
     print(f"  type {s.type}, allowed {s.allowed()}; override with {s.env_var}; {'bit-identical' if s.bit_identical else 'NOT bit-identical'}")
     print("  layers, lowest first:")
-    for i, layer in enumerate(r.chain):
-        mark = "->" if i == len(r.chain) - 1 else "  "
+    for layer in r.chain:
+        mark = "->" if layer is r.winner else ("xx" if not layer.applied else "  ")
         why = f"  ({layer.reason})" if layer.reason else ""
         print(f"   {mark} {layer.kind:<10} {_fmt(layer.value):<8} {layer.source}{why}")
+        if layer.stamp is not None:
+            st = layer.stamp
+            fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
+            print(f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, kernel {st.kernel[:12]}, against {fb}")
+        if layer.stale:
+            print(f"        STALE{' (ignored)' if not layer.applied else ''}: {layer.stale}; re-measure with: hwprofile sweep {st.op}")
     return 0
 
 

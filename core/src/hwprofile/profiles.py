@@ -156,16 +156,25 @@ def profile(device: int | None = None) -> Profile:
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:
     """Resolve a profile for ``info`` from ``reg`` and ``environ`` (no caching; used by tests and tools)."""
     selection = reg.select(info)
+    kernels: dict[str, Any] = {}
+    if selection.target is not None:
+        from .kernelspec import collect_kernels
+
+        kernels = collect_kernels(reg, selection, info)
+
     resolver = SettingsResolver()
     resolver.declare(CORE_SETTINGS, by="hwprofile core")
     for p, decl in reg.call_layers("hwprofile_declare_settings", reg.participants(selection.plugin, "hwprofile_declare_settings")):
         if decl is not None:
             resolver.declare(decl, by=p.label, namespace=p.name)
+    staleness = _Staleness(info, selection, kernels)
     participants = reg.participants(selection.plugin, "hwprofile_settings")
     for p in participants:
         values = reg._call_plugin("hwprofile_settings", p, device=info, resolved=MappingProxyType(resolver.current()))
-        resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}")
-    _add_tuned_layer(resolver, info, environ)
+        resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}", check=staleness.shipped)
+    strict = _strict(environ)
+    for path in tuned_files(info, environ):
+        _add_tuned_layer(resolver, path, staleness, strict)
     resolver.add_user_env(environ)
     settings = resolver.resolved()
     values = MappingProxyType({k: s.value for k, s in settings.items()})
@@ -183,12 +192,6 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
                 )
             env_defaults[name] = ResolvedEnvDefault(name, d.value, d.reason, d.bit_identical, p.source, environ.get(name))
 
-    kernels: dict[str, Any] = {}
-    if selection.target is not None:
-        from .kernelspec import collect_kernels
-
-        kernels = collect_kernels(reg, selection, info)
-
     fp = fingerprint(selection, settings, env_defaults, kernels)
     return Profile(
         device=info,
@@ -199,6 +202,104 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         kernels=MappingProxyType(kernels),
         fingerprint=fp,
     )
+
+
+def _strict(environ: Mapping[str, str]) -> bool:
+    return environ.get("HWPROFILE_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+class _Staleness:
+    """Compares stamps with what runs now (device, plugin, kernel source, fallback identity)."""
+
+    def __init__(self, info: _device.DeviceInfo, selection: Selection, kernels: Mapping[str, Any]) -> None:
+        self.info, self.selection, self.kernels = info, selection, kernels
+        self._now: dict[str, Any] = {}
+
+    def now(self, op: str) -> Any:
+        if op not in self._now:
+            from . import stamps
+
+            p = self.selection.plugin
+            spec = self.kernels.get(op)
+            digest = spec.source_digest(with_cuda_headers=False) if spec is not None else ""
+            self._now[op] = stamps.current(op, self.info, p.name if p else "", p.version or "" if p else "", digest)
+        return self._now[op]
+
+    def changes(self, stamp: Any) -> list[str]:
+        from . import stamps
+
+        return stamps.changes(stamp, self.now(stamp.op))
+
+    def shipped(self, key: str, stamp: Any) -> str:
+        """A plugin's measured threshold: stale is reported (warn once), the value is still used."""
+        what = self.changes(stamp)
+        if what:
+            _warn_once(
+                f"hwprofile: {key} shipped by plugin {stamp.plugin} {stamp.plugin_version} was measured against something "
+                f"that changed ({'; '.join(what)}); re-measure with: hwprofile sweep {stamp.op}"
+            )
+        return "; ".join(what)
+
+
+def tuned_dir(info: _device.DeviceInfo, environ: Mapping[str, str]) -> Path:
+    """Default location of tuned files for a device: ``<config dir>/tuned/<device identity>/``.
+
+    The config dir is ``HWPROFILE_CONFIG_DIR`` or platformdirs' user config dir for "hwprofile".
+    """
+    import re
+
+    base = environ.get("HWPROFILE_CONFIG_DIR")
+    if not base:
+        import platformdirs
+
+        base = platformdirs.user_config_dir("hwprofile")
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
+    return Path(base) / "tuned" / slug
+
+
+def tuned_files(info: _device.DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
+    """Tuned files for a device: every ``*.toml`` in its default directory, then ``HWPROFILE_TUNED_FILE`` entries."""
+    d = tuned_dir(info, environ)
+    files = sorted(d.glob("*.toml")) if d.is_dir() else []
+    files += [Path(p) for p in environ.get(TUNED_ENV, "").split(os.pathsep) if p.strip()]
+    return files
+
+
+def _add_tuned_layer(resolver: SettingsResolver, p: Path, staleness: _Staleness, strict: bool) -> None:
+    from . import stamps
+
+    where = f"tuned file {p}"
+    try:
+        doc = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise SettingError(f"{where}: file not found; fix {TUNED_ENV} or run 'hwprofile sweep' to write it") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingError(f"{where}: not valid TOML ({exc}); regenerate it with 'hwprofile sweep'") from None
+    thresholds = doc.get("thresholds")
+    if not isinstance(thresholds, dict):
+        raise SettingError(f"{where}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
+    if not isinstance(doc.get("stamp"), dict):
+        raise SettingError(f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'")
+    stamp = stamps.Stamp.from_dict(doc["stamp"], where=where)
+    what = staleness.changes(stamp)
+    if what:
+        msg = (
+            f"hwprofile: {where} is stale for device {staleness.info.index} ({'; '.join(what)}); its values are ignored "
+            f"and the shipped ones apply. Re-tune with: hwprofile sweep {stamp.op} --device {staleness.info.index}"
+        )
+        if strict:
+            raise SettingError(msg + " (HWPROFILE_STRICT=1)")
+        _warn_once(msg)
+    resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=lambda key, st: "; ".join(what), drop_stale=True)
 
 
 def fingerprint(selection: Selection, settings: Mapping[str, ResolvedSetting], env: Mapping[str, ResolvedEnvDefault], kernels: Mapping[str, Any]) -> str:
@@ -212,29 +313,3 @@ def fingerprint(selection: Selection, settings: Mapping[str, ResolvedSetting], e
         "kernels": {k: [spec.source_digest(with_cuda_headers=False), spec.instances] for k, spec in kernels.items()},
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _add_tuned_layer(resolver: SettingsResolver, info: _device.DeviceInfo, environ: Mapping[str, str]) -> None:
-    path = environ.get(TUNED_ENV)
-    if not path:
-        return
-    p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise SettingError(f"{TUNED_ENV}={path}: file not found; unset the variable or point it at a file from 'hwprofile sweep'") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SettingError(f"{TUNED_ENV}={path}: not valid TOML ({exc}); regenerate it with 'hwprofile sweep'") from None
-    thresholds = doc.get("thresholds")
-    if not isinstance(thresholds, dict):
-        raise SettingError(f"{TUNED_ENV}={path}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
-    stamp = doc.get("stamp", {})
-    cc = stamp.get("compute_capability") if isinstance(stamp, dict) else None
-    if cc is not None and tuple(cc) != info.compute_capability:
-        msg = (
-            f"{TUNED_ENV}={path} was tuned on compute capability {tuple(cc)}, not {info.compute_capability} "
-            f"({info.name}); its values are ignored for this device"
-        )
-        log.warning(msg)
-        return
-    resolver.add("tuned", f"tuned file {path}", thresholds, who=f"tuned file {path}")

@@ -102,6 +102,44 @@ def find_entry_points(group: str) -> list[EntryPoint]:
     return out
 
 
+def installed_version(*names: str) -> str | None:
+    """Version of the first installed distribution among ``names`` (``*.dist-info`` on sys.path), or None.
+
+    Used for fallback identities (torch, nvidia-cublas) without importing them or scanning every
+    distribution's metadata; cached per process.
+    """
+    index = _dist_index()
+    for name in names:
+        v = index.get(name.replace("_", "-").lower())
+        if v is not None:
+            return v
+    return None
+
+
+_dist_cache: dict[str, str] | None = None
+
+
+def _dist_index() -> dict[str, str]:
+    global _dist_cache
+    if _dist_cache is None:
+        import sys
+
+        found: dict[str, str] = {}
+        for entry in sys.path:
+            if not entry or not os.path.isdir(entry):
+                continue
+            try:
+                names = os.listdir(entry)
+            except OSError:
+                continue
+            for d in names:
+                m = _DIST_DIR.match(d)
+                if m is not None:
+                    found.setdefault(m.group("name").replace("_", "-").lower(), m.group("version"))
+        _dist_cache = found
+    return _dist_cache
+
+
 def _dist_name(entry: str, dist_dir: str, fallback: str) -> str:
     """The distribution's own spelling of its name (``Name:`` in METADATA), read from the header only."""
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,10 +116,15 @@ class Setting:
 
 @dataclass(frozen=True)
 class Value:
-    """A setting value with the reason it was chosen (for a threshold: what it was measured against)."""
+    """A setting value with the reason it was chosen and, for a measured threshold, its stamp.
+
+    ``stamp`` (a :class:`hwprofile.stamps.Stamp`) records what the value was measured against; the
+    profile compares it with what is running and reports the value as stale when that changed.
+    """
 
     value: Any
     reason: str = ""
+    stamp: Any = None
 
 
 @dataclass(frozen=True)
@@ -133,15 +138,30 @@ class EnvDefault:
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer's contribution to a setting: which kind of layer, who, what value, and why."""
+    """One layer's contribution to a setting: which kind of layer, who, what value, and why.
+
+    ``stale`` says what changed since the value was measured; a stale layer with ``applied=False``
+    (a stale tuned value) stays in the chain for ``explain`` but does not win.
+    """
 
     kind: str  # core | arch | downstream | tuned | env
     source: str
     value: Any
     reason: str = ""
+    stamp: Any = None
+    stale: str = ""
+    applied: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "source": self.source, "value": self.value, "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "value": self.value,
+            "reason": self.reason,
+            "stamp": self.stamp.as_dict() if self.stamp is not None else None,
+            "stale": self.stale or None,
+            "applied": self.applied,
+        }
 
 
 @dataclass(frozen=True)
@@ -153,11 +173,11 @@ class ResolvedSetting:
 
     @property
     def value(self) -> Any:
-        return self.chain[-1].value
+        return self.winner.value
 
     @property
     def winner(self) -> Layer:
-        return self.chain[-1]
+        return next(layer for layer in reversed(self.chain) if layer.applied)
 
     def as_dict(self) -> dict[str, Any]:
         s = self.setting
@@ -167,6 +187,7 @@ class ResolvedSetting:
             "type": s.type,
             "source": self.winner.source,
             "kind": self.winner.kind,
+            "stale": self.winner.stale or None,
             "doc": s.doc,
             "bit_identical": s.bit_identical,
             "env_var": s.env_var,
@@ -281,10 +302,17 @@ class SettingsResolver:
             self.chains[s.key] = [Layer("core" if namespace is None else "declared", by, s.default, "declared default")]
 
     def current(self) -> dict[str, Any]:
-        return {k: c[-1].value for k, c in self.chains.items()}
+        return {k: next(x for x in reversed(c) if x.applied).value for k, c in self.chains.items()}
 
-    def add(self, kind: str, source: str, values: Mapping[str, Any] | None, *, who: str) -> None:
-        """Add one layer; ``who`` names the supplier in errors (plugin label, file path)."""
+    def add(
+        self, kind: str, source: str, values: Mapping[str, Any] | None, *, who: str,
+        check: Callable[[str, Any], str] | None = None, stamp: Any = None, drop_stale: bool = False,
+    ) -> None:
+        """Add one layer; ``who`` names the supplier in errors (plugin label, file path).
+
+        ``check(key, stamp)`` returns what changed since a stamped value was measured ("" if
+        nothing); with ``drop_stale`` a stale value is recorded but not applied.
+        """
         if values is None:
             return
         if not isinstance(values, Mapping):
@@ -293,11 +321,12 @@ class SettingsResolver:
             setting = self.declared.get(key)
             if setting is None:
                 raise SettingError(f"{who} sets undeclared setting {key!r}; declared settings: {', '.join(sorted(self.declared))}")
-            reason = ""
+            reason, value_stamp = "", stamp
             if isinstance(raw, Value):
-                raw, reason = raw.value, raw.reason
+                raw, reason, value_stamp = raw.value, raw.reason, raw.stamp or stamp
             value = setting.check(raw, origin=who)
-            self.chains[key].append(Layer(kind, source, value, reason))
+            stale = check(key, value_stamp) if (check is not None and value_stamp is not None) else ""
+            self.chains[key].append(Layer(kind, source, value, reason, value_stamp, stale, not (stale and drop_stale)))
 
     def add_user_env(self, environ: Mapping[str, str]) -> None:
         """The top layer: every ``HWPROFILE_<KEY>`` present in the environment (even empty) counts."""
