@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .errors import HwprofileError
@@ -239,6 +240,58 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ints(text: str | None) -> list[int] | None:
+    """``"1..16"`` or ``"1,2,4"`` -> list of ints."""
+    if not text:
+        return None
+    if ".." in text:
+        a, b = text.split("..", 1)
+        return list(range(int(a), int(b) + 1))
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+
+    from . import sweep
+    from .profiles import tuned_dir
+
+    prof = _profile(args)
+    if prof.device.simulated:
+        raise HwprofileError(f"sweep times real kernels: {prof.device.name} is simulated (unset HWPROFILE_DEVICE / --simulate and run on the GPU)")
+    try:
+        import torch
+    except ImportError:
+        raise HwprofileError("sweep needs torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False")
+    if prof.plugin is None or args.op not in prof.kernels:
+        raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
+    grid = sweep.default_grid(args.op)
+    if args.shapes:
+        grid = [(1, int(n), int(k)) for n, k in (s.lower().split("x") for s in args.shapes.split(","))]
+    ms, ns, ks = _ints(args.m), _ints(args.n), _ints(args.k)
+    if ms or ns or ks:
+        grid = [(m, n, k) for m in (ms or sorted({g[0] for g in grid})) for n in (ns or sorted({g[1] for g in grid})) for k in (ks or sorted({g[2] for g in grid}))]
+
+    def progress(done: int, total: int, what: str) -> None:
+        bar = "#" * (20 * done // total)
+        print(f"\r[{bar:<20}] {done}/{total} {what}".ljust(70), end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=progress)
+    rows = [[str(r["m"]), str(r["n"]), str(r["k"]), f"{r['kernel_us']:.2f}", f"{r['fallback_us']:.2f}", f"{100 * r['noise']:.1f}%", r["verdict"]] for r in doc["measurements"]]
+    print(_table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
+    print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
+    for note in doc["sweep"]["notes"]:
+        print(f"note: {note}")
+    out = args.output or tuned_dir(prof.device, os.environ) / f"{args.op}.toml"
+    sweep.write(doc, out)
+    print(f"wrote {out} (stamped against {doc['stamp']['fallback']['function']}, torch {doc['stamp']['fallback']['torch']}, cuBLAS {doc['stamp']['fallback']['cublas']})")
+    if args.plot:
+        sweep.plot(doc, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
@@ -261,6 +314,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", default="all", help="comma list of targets (sm_90a,sm_100a,sm_120a) or 'all'")
     s.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     s.set_defaults(fn=cmd_compile)
+    s = sub.add_parser("sweep", parents=[common], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
+    s.add_argument("op", choices=["router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"])
+    s.add_argument("--m", help="tokens: 1..16 or 1,2,4 (router_gemm, linear_bf16_fp32)")
+    s.add_argument("--n", help="output features: 256,384 or a range")
+    s.add_argument("--k", help="input features")
+    s.add_argument("--shapes", help="GEMV shapes as NxK,NxK (M = 1)")
+    s.add_argument("--reps", type=int, default=15, help="timed graph replays per point (median)")
+    s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
+    s.add_argument("--output", type=Path, help="tuned file to write (default: this device's tuned directory)")
+    s.add_argument("--plot", type=Path, help="PNG of latency against M or N with the threshold marked")
+    s.set_defaults(fn=cmd_sweep)
     s = sub.add_parser("cache", parents=[common], help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     s.set_defaults(fn=cmd_cache)

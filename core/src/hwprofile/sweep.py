@@ -1,0 +1,260 @@
+"""``hwprofile sweep``: time a kernel against its fallback, pick thresholds, write them stamped.
+
+The crossover logic is pure (:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`) and is
+tested on the CPU with made-up timings; :class:`GpuTimer` does the measuring on a real GPU (cold L2
+by rotating weight copies, CUDA-graph replay, median of many replays, warm-up excluded).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+NOISE_FLOOR = 0.02  # relative: differences under 2 % are ties even when replays agree better
+
+
+@dataclass
+class Point:
+    """One shape's timings (microseconds per call, one sample per replay)."""
+
+    m: int
+    n: int
+    k: int
+    kernel_us: list[float] = field(default_factory=list)
+    fallback_us: list[float] = field(default_factory=list)
+
+    @property
+    def kernel(self) -> float:
+        return statistics.median(self.kernel_us) if self.kernel_us else float("inf")
+
+    @property
+    def fallback(self) -> float:
+        return statistics.median(self.fallback_us)
+
+    @property
+    def noise(self) -> float:
+        """Relative run-to-run noise: the larger interquartile spread of the two, at least NOISE_FLOOR."""
+        def spread(xs: Sequence[float]) -> float:
+            if len(xs) < 4:
+                return 0.0
+            q = statistics.quantiles(xs, n=4)
+            return (q[2] - q[0]) / statistics.median(xs)
+
+        return max(NOISE_FLOOR, spread(self.kernel_us), spread(self.fallback_us))
+
+    def as_dict(self, ties: str) -> dict[str, Any]:
+        return {
+            "m": self.m, "n": self.n, "k": self.k,
+            "kernel_us": round(self.kernel, 3) if self.kernel_us else -1.0, "fallback_us": round(self.fallback, 3),
+            "noise": round(self.noise, 4), "verdict": verdict(self),
+            "kernel_samples": [round(x, 3) for x in self.kernel_us], "fallback_samples": [round(x, 3) for x in self.fallback_us],
+        }
+
+
+def verdict(p: Point) -> str:
+    """``kernel`` / ``fallback`` when one is faster by more than the noise, else ``tie``."""
+    if not p.kernel_us:
+        return "fallback"  # no kernel for this shape
+    k, f = p.kernel, p.fallback
+    margin = p.noise * max(k, f)
+    if f - k > margin:
+        return "kernel"
+    if k - f > margin:
+        return "fallback"
+    return "tie"
+
+
+def _wins(p: Point, ties: str) -> bool:
+    v = verdict(p)
+    return v == "kernel" or (v == "tie" and ties == "kernel")
+
+
+def max_tokens(points: Iterable[Point], ties: str = "fallback") -> tuple[int, list[str]]:
+    """Largest M such that the kernel wins at every M' <= M for every measured N (0 if it never does).
+
+    Kernel wins above a loss are not taken (dispatch is "M <= threshold"); they come back as notes.
+    """
+    by_m: dict[int, list[Point]] = {}
+    for p in points:
+        by_m.setdefault(p.m, []).append(p)
+    best, notes, broken = 0, [], False
+    for m in sorted(by_m):
+        ok = all(_wins(p, ties) for p in by_m[m])
+        if ok and not broken:
+            best = m
+        elif not ok and not broken:
+            broken = True
+        elif ok and broken:
+            notes.append(f"kernel also wins at M={m}, above a loss: not dispatched (non-monotone)")
+    return best, notes
+
+
+def predicate_box(points: Iterable[Point], ties: str = "fallback") -> tuple[int, int, list[str]]:
+    """(max_n, max_k): the largest all-winning box N <= max_n, K <= max_k over the measured grid."""
+    pts = list(points)
+    ns = sorted({p.n for p in pts})
+    ks = sorted({p.k for p in pts})
+    win = {(p.n, p.k): _wins(p, ties) for p in pts}
+    best = (0, 0, 0)
+    for n_max in ns:
+        for k_max in ks:
+            cells = [(n, k) for n in ns if n <= n_max for k in ks if k <= k_max if (n, k) in win]
+            if cells and all(win[c] for c in cells) and len(cells) > best[0]:
+                best = (len(cells), n_max, k_max)
+    notes = [f"kernel also wins at N={n}, K={k}, outside the box: not dispatched" for (n, k), w in sorted(win.items()) if w and not (n <= best[1] and k <= best[2])]
+    return best[1], best[2], notes
+
+
+def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[str, int], list[str]]:
+    """The settings a sweep of ``op`` decides."""
+    if op in ("router_gemm", "linear_bf16_fp32"):
+        m, notes = max_tokens(points, ties)
+        out = {f"{op}.max_tokens": m}
+        if op == "linear_bf16_fp32":
+            out[f"{op}.max_n"] = max(p.n for p in points)
+        return out, notes
+    n, k, notes = predicate_box(points, ties)
+    return {f"{op}.max_n": n, f"{op}.max_k": k, f"{op}.cublas_roof_n_min": 0, f"{op}.cublas_roof_n_max": 0}, notes
+
+
+class Timer(Protocol):
+    def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
+
+
+class GpuTimer:
+    """Kernel and fallback side by side on the profile's GPU, cold L2, CUDA-graph replay."""
+
+    def __init__(self, prof: Any, reps: int = 15, rotate_bytes: int = 256 << 20) -> None:
+        import torch
+
+        from . import ops
+
+        self.prof, self.reps, self.rotate = prof, reps, rotate_bytes
+        self.torch, self.ops = torch, ops
+        self.table = ops._table(prof.device.index)
+        self.dev = torch.device("cuda", prof.device.index)
+
+    def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
+        torch = self.torch
+        for i in range(calls):  # warm-up: compile, load, allocator; excluded from the samples
+            fn(i)
+        torch.cuda.synchronize(self.dev)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream(self.dev)
+        s.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+            for i in range(calls):
+                fn(i)
+        torch.cuda.current_stream(self.dev).wait_stream(s)
+        g.replay()
+        torch.cuda.synchronize(self.dev)
+        out = []
+        for _ in range(self.reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) * 1000 / calls)
+        return out
+
+    def measure(self, op: str, m: int, n: int, k: int) -> Point:
+        torch, ops = self.torch, self.ops
+        fp8 = op == "fp8_gemv"
+        wbytes = n * k * (1 if fp8 else 2)
+        copies = max(2, min(64, -(-self.rotate // wbytes)))
+        wdt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        ws = [(torch.randn(n, k, device=self.dev) * (3 if fp8 else 1)).to(wdt) for _ in range(copies)]
+        scales = [torch.rand(n, device=self.dev) + 0.5 for _ in ws] if fp8 else None
+        x = torch.randn(m, k, device=self.dev).bfloat16()
+        point = Point(m, n, k)
+        out_dtype = torch.float32 if op in ("router_gemm", "linear_bf16_fp32") else torch.bfloat16
+        out = torch.empty(m, n, device=self.dev, dtype=out_dtype)
+        mode = ops.ROW_SCALE if fp8 else ops.NO_SCALE
+        kernel_ok = op in self.prof.kernels and m <= 16 and (m == 1 or op in ("router_gemm", "linear_bf16_fp32"))
+        if kernel_ok and ops._run_kernel(self.table, op, out, x, ws[0], scales[0] if scales else None, m, n, k, mode):
+            point.kernel_us = self._graph(lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies)
+        if op in ("router_gemm", "linear_bf16_fp32"):
+            point.fallback_us = self._graph(lambda i: ops._mm_fp32(x, ws[i]), copies)
+        elif op == "gemv":
+            point.fallback_us = self._graph(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
+        else:
+            point.fallback_us = self._graph(lambda i: torch.nn.functional.linear(x, (ws[i].float() * scales[i][:, None]).bfloat16()), copies)
+        return point
+
+
+def default_grid(op: str) -> list[tuple[int, int, int]]:
+    if op in ("router_gemm", "linear_bf16_fp32"):
+        ns = (256, 384) if op == "router_gemm" else (256, 4096)
+        return [(m, n, 7168) for m in range(1, 17) for n in ns]
+    return [(1, n, k) for n in (2048, 4096, 7168, 12288, 16384, 28672) for k in (2048, 4096, 7168, 16384)]
+
+
+def run(prof: Any, op: str, grid: Sequence[tuple[int, int, int]], timer: Timer, ties: str = "fallback",
+        progress: Callable[[int, int, str], None] | None = None, date: str | None = None) -> dict[str, Any]:
+    """Measure every grid point, choose thresholds, and return the stamped tuned-file document."""
+    from . import stamps
+
+    points = []
+    for i, (m, n, k) in enumerate(grid):
+        points.append(timer.measure(op, m, n, k))
+        if progress:
+            progress(i + 1, len(grid), f"{op} M={m} N={n} K={k}")
+    chosen, notes = thresholds_for(op, points, ties)
+    spec = prof.kernels.get(op)
+    p = prof.plugin
+    stamp = stamps.current(
+        op, prof.device, p.name if p else "", (p.version or "") if p else "",
+        spec.source_digest(with_cuda_headers=False) if spec else "", date or time.strftime("%Y-%m-%d"),
+    )
+    return {
+        "stamp": stamp.as_dict(),
+        "thresholds": chosen,
+        "sweep": {"ties": ties, "noise_floor": NOISE_FLOOR, "notes": notes, "method": "CUDA-graph replay, cold L2 (rotating weight copies), median of replays"},
+        "measurements": [pt.as_dict(ties) for pt in points],
+    }
+
+
+def write(doc: dict[str, Any], path: Path) -> None:
+    import tomli_w
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(doc))
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Latency against M (router, linear) or N (GEMV, per K) for kernel and fallback, threshold marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    op = doc["stamp"]["op"]
+    ms = doc["measurements"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if op in ("router_gemm", "linear_bf16_fp32"):
+        for n in sorted({r["n"] for r in ms}):
+            rs = [r for r in ms if r["n"] == n]
+            ax.plot([r["m"] for r in rs], [r["kernel_us"] for r in rs], "o-", label=f"kernel N={n}")
+            ax.plot([r["m"] for r in rs], [r["fallback_us"] for r in rs], "s--", label=f"fallback N={n}")
+        t = doc["thresholds"][f"{op}.max_tokens"]
+        ax.axvline(t + 0.5, color="gray", ls=":", label=f"{op}.max_tokens = {t}")
+        ax.set_xlabel("M (tokens)")
+    else:
+        for kk in sorted({r["k"] for r in ms}):
+            rs = sorted((r for r in ms if r["k"] == kk), key=lambda r: r["n"])
+            ax.plot([r["n"] for r in rs], [r["fallback_us"] / r["kernel_us"] for r in rs], "o-", label=f"K={kk}")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axvline(doc["thresholds"][f"{op}.max_n"], color="gray", ls=":", label=f"max_n={doc['thresholds'][f'{op}.max_n']}, max_k={doc['thresholds'][f'{op}.max_k']}")
+        ax.set(xscale="log", xlabel="N", ylabel="fallback time / kernel time (>1: kernel faster)")
+    st = doc["stamp"]
+    ax.set_title(f"{op} on {st['device']} vs {st['fallback']['function']} (torch {st['fallback']['torch']})", fontsize=9)
+    if op in ("router_gemm", "linear_bf16_fp32"):
+        ax.set_ylabel("GPU time per call, us")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
