@@ -125,3 +125,10 @@ def test_gpu_sweep_writes_stamped_file(tmp_path: Path, monkeypatch: pytest.Monke
     doc = tomllib.loads(out.read_text())
     assert doc["stamp"]["plugin"] == "sm90" and len(doc["measurements"]) == 2
     assert doc["thresholds"]["router_gemm.max_tokens"] in (0, 1, 2)
+
+
+def test_run_to_run_noise_from_independent_passes() -> None:
+    p = pt(1, 27.5, 29.1)  # 5.5 % apart, replays agree to 0.5 %
+    assert sweep.verdict(p) == "kernel"
+    p.kernel_passes, p.fallback_passes = [27.5, 30.4], [29.1, 28.9]  # a second pass disagrees by 10 %
+    assert p.noise > 0.09 and sweep.verdict(p) == "tie"

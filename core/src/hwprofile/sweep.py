@@ -26,6 +26,9 @@ class Point:
     k: int
     kernel_us: list[float] = field(default_factory=list)
     fallback_us: list[float] = field(default_factory=list)
+    # medians of independent passes (fresh weights each): their spread is the run-to-run noise
+    kernel_passes: list[float] = field(default_factory=list)
+    fallback_passes: list[float] = field(default_factory=list)
 
     @property
     def kernel(self) -> float:
@@ -37,14 +40,18 @@ class Point:
 
     @property
     def noise(self) -> float:
-        """Relative run-to-run noise: the larger interquartile spread of the two, at least NOISE_FLOOR."""
+        """Relative noise: the largest of the replays' interquartile spread, the spread between
+        independent passes (run-to-run), and NOISE_FLOOR."""
         def spread(xs: Sequence[float]) -> float:
             if len(xs) < 4:
                 return 0.0
             q = statistics.quantiles(xs, n=4)
             return (q[2] - q[0]) / statistics.median(xs)
 
-        return max(NOISE_FLOOR, spread(self.kernel_us), spread(self.fallback_us))
+        def passes(xs: Sequence[float]) -> float:
+            return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) >= 2 else 0.0
+
+        return max(NOISE_FLOOR, spread(self.kernel_us), spread(self.fallback_us), passes(self.kernel_passes), passes(self.fallback_passes))
 
     def as_dict(self, ties: str) -> dict[str, Any]:
         return {
@@ -52,6 +59,7 @@ class Point:
             "kernel_us": round(self.kernel, 3) if self.kernel_us else -1.0, "fallback_us": round(self.fallback, 3),
             "noise": round(self.noise, 4), "verdict": verdict(self),
             "kernel_samples": [round(x, 3) for x in self.kernel_us], "fallback_samples": [round(x, 3) for x in self.fallback_us],
+            "kernel_pass_medians": [round(x, 3) for x in self.kernel_passes], "fallback_pass_medians": [round(x, 3) for x in self.fallback_passes],
         }
 
 
@@ -122,47 +130,19 @@ def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[st
 
 
 class Timer(Protocol):
-    def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
+    def measure(self, op: str, m: int, n: int, k: int, passes: int = 2) -> Point:
+        """``passes`` independent passes, each with fresh weights, so run-to-run noise is measured too."""
+        point = Point(m, n, k)
+        for _ in range(passes):
+            ks, fs = self._one_pass(op, m, n, k)
+            if ks:
+                point.kernel_us += ks
+                point.kernel_passes.append(statistics.median(ks))
+            point.fallback_us += fs
+            point.fallback_passes.append(statistics.median(fs))
+        return point
 
-
-class GpuTimer:
-    """Kernel and fallback side by side on the profile's GPU, cold L2, CUDA-graph replay."""
-
-    def __init__(self, prof: Any, reps: int = 15, rotate_bytes: int = 256 << 20) -> None:
-        import torch
-
-        from . import ops
-
-        self.prof, self.reps, self.rotate = prof, reps, rotate_bytes
-        self.torch, self.ops = torch, ops
-        self.table = ops._table(prof.device.index)
-        self.dev = torch.device("cuda", prof.device.index)
-
-    def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
-        torch = self.torch
-        for i in range(calls):  # warm-up: compile, load, allocator; excluded from the samples
-            fn(i)
-        torch.cuda.synchronize(self.dev)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream(self.dev)
-        s.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-            for i in range(calls):
-                fn(i)
-        torch.cuda.current_stream(self.dev).wait_stream(s)
-        g.replay()
-        torch.cuda.synchronize(self.dev)
-        out = []
-        for _ in range(self.reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1000 / calls)
-        return out
-
-    def measure(self, op: str, m: int, n: int, k: int) -> Point:
+    def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[list[float], list[float]]:
         torch, ops = self.torch, self.ops
         fp8 = op == "fp8_gemv"
         wbytes = n * k * (1 if fp8 else 2)
@@ -171,26 +151,28 @@ class GpuTimer:
         ws = [(torch.randn(n, k, device=self.dev) * (3 if fp8 else 1)).to(wdt) for _ in range(copies)]
         scales = [torch.rand(n, device=self.dev) + 0.5 for _ in ws] if fp8 else None
         x = torch.randn(m, k, device=self.dev).bfloat16()
-        point = Point(m, n, k)
         out_dtype = torch.float32 if op in ("router_gemm", "linear_bf16_fp32") else torch.bfloat16
         out = torch.empty(m, n, device=self.dev, dtype=out_dtype)
         mode = ops.ROW_SCALE if fp8 else ops.NO_SCALE
+        kernel: list[float] = []
         kernel_ok = op in self.prof.kernels and m <= 16 and (m == 1 or op in ("router_gemm", "linear_bf16_fp32"))
         if kernel_ok and ops._run_kernel(self.table, op, out, x, ws[0], scales[0] if scales else None, m, n, k, mode):
-            point.kernel_us = self._graph(lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies)
+            kernel = self._graph(lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies)
         if op in ("router_gemm", "linear_bf16_fp32"):
-            point.fallback_us = self._graph(lambda i: ops._mm_fp32(x, ws[i]), copies)
+            fallback = self._graph(lambda i: ops._mm_fp32(x, ws[i]), copies)
         elif op == "gemv":
-            point.fallback_us = self._graph(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
+            fallback = self._graph(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
         else:
-            point.fallback_us = self._graph(lambda i: torch.nn.functional.linear(x, (ws[i].float() * scales[i][:, None]).bfloat16()), copies)
-        return point
+            fallback = self._graph(lambda i: torch.nn.functional.linear(x, (ws[i].float() * scales[i][:, None]).bfloat16()), copies)
+        return kernel, fallback
 
 
 def default_grid(op: str) -> list[tuple[int, int, int]]:
     if op in ("router_gemm", "linear_bf16_fp32"):
         ns = (256, 384) if op == "router_gemm" else (256, 4096)
         return [(m, n, 7168) for m in range(1, 17) for n in ns]
+    if op == "fp8_gemv":  # wide N too: the fallback dequantises, so the kernel should win everywhere
+        return [(1, n, k) for n in (2048, 4096, 7168, 12288, 28672, 57344) for k in (2048, 4096, 7168)] + [(1, 152064, 5120)]
     return [(1, n, k) for n in (2048, 4096, 7168, 12288, 16384, 28672) for k in (2048, 4096, 7168, 16384)]
 
 
