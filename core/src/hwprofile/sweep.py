@@ -130,6 +130,46 @@ def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[st
 
 
 class Timer(Protocol):
+    def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
+
+
+class GpuTimer:
+    """Kernel and fallback side by side on the profile's GPU, cold L2, CUDA-graph replay."""
+
+    def __init__(self, prof: Any, reps: int = 15, rotate_bytes: int = 256 << 20) -> None:
+        import torch
+
+        from . import ops
+
+        self.prof, self.reps, self.rotate = prof, reps, rotate_bytes
+        self.torch, self.ops = torch, ops
+        self.table = ops._table(prof.device.index)
+        self.dev = torch.device("cuda", prof.device.index)
+
+    def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
+        torch = self.torch
+        for i in range(calls):  # warm-up: compile, load, allocator; excluded from the samples
+            fn(i)
+        torch.cuda.synchronize(self.dev)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream(self.dev)
+        s.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+            for i in range(calls):
+                fn(i)
+        torch.cuda.current_stream(self.dev).wait_stream(s)
+        g.replay()
+        torch.cuda.synchronize(self.dev)
+        out = []
+        for _ in range(self.reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b) * 1000 / calls)
+        return out
+
     def measure(self, op: str, m: int, n: int, k: int, passes: int = 2) -> Point:
         """``passes`` independent passes, each with fresh weights, so run-to-run noise is measured too."""
         point = Point(m, n, k)
