@@ -60,7 +60,8 @@ def test_bad_env_value_is_one_line_no_traceback() -> None:
     env = {**os.environ, "HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "abc", "HWPROFILE_DEVICE": "h200"}
     p = subprocess.run([sys.executable, "-m", "hwprofile.cli", "show"], env=env, capture_output=True, text=True)
     assert p.returncode == 2
-    assert p.stderr.strip().count("\n") == 0 and "HWPROFILE_ROUTER_GEMM_MAX_TOKENS='abc'" in p.stderr and "Traceback" not in p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("hwprofile: error:")]
+    assert len(errors) == 1 and "HWPROFILE_ROUTER_GEMM_MAX_TOKENS='abc'" in errors[0] and "Traceback" not in p.stderr
 
 
 def test_unknown_simulated_device_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,7 +196,7 @@ def test_shipped_threshold_stamp_is_reported_when_fallback_changed(caplog: pytes
 
     r = build_profile(H200, _registry({}, ("arch", Stamped())), {}).explain(KEY)
     assert r.value == 12 and "fallback torch 0.0.1" in r.winner.stale  # reported, still used
-    assert "re-measure with: hwprofile sweep router_gemm" in caplog.text
+    assert "re-measure with: hwprofile sweep router_gemm" in caplog.text and "router_gemm.max_tokens" in caplog.text
 
 
 def test_declared_settings_namespace_and_duplicates() -> None:

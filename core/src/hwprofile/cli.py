@@ -1,6 +1,8 @@
 """``hwprofile`` command line: show | plugins | explain | env | doctor | compile | cache.
 
 Library code logs; this module prints. A user error prints one line and exits 2, no traceback.
+
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

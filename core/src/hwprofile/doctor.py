@@ -1,4 +1,7 @@
-"""Environment checks behind ``hwprofile doctor``: what is missing, in plain words, and the fix."""
+"""Environment checks behind ``hwprofile doctor``: what is missing, in plain words, and the fix.
+
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

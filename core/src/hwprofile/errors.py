@@ -1,4 +1,7 @@
-"""Exceptions a user can hit. Each message says what went wrong, where, and what to do."""
+"""Exceptions a user can hit. Each message says what went wrong, where, and what to do.
+
+PYTEST_DONT_REWRITE
+"""
 
 from __future__ import annotations
 

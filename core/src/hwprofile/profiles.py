@@ -2,6 +2,8 @@
 
 ``profile(device)`` is cached per device and process; :func:`reset` forgets everything (after the
 environment or the installed plugins change). Resolving imports neither torch nor CUDA.
+
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     for p in participants:
         values = reg._call_plugin("hwprofile_settings", p, device=info, resolved=MappingProxyType(resolver.current()))
         resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}", check=staleness.shipped)
+    staleness.report()
     strict = _strict(environ)
     for path in tuned_files(info, environ):
         _add_tuned_layer(resolver, path, staleness, strict)
@@ -223,6 +226,7 @@ class _Staleness:
     def __init__(self, info: _device.DeviceInfo, selection: Selection, kernels: Mapping[str, Any]) -> None:
         self.info, self.selection, self.kernels = info, selection, kernels
         self._now: dict[str, Any] = {}
+        self.stale_shipped: dict[str, list[tuple[str, Any]]] = {}
 
     def now(self, op: str) -> Any:
         if op not in self._now:
@@ -240,14 +244,22 @@ class _Staleness:
         return stamps.changes(stamp, self.now(stamp.op))
 
     def shipped(self, key: str, stamp: Any) -> str:
-        """A plugin's measured threshold: stale is reported (warn once), the value is still used."""
+        """A plugin's measured threshold: stale is recorded (one warning per profile), the value still used."""
         what = self.changes(stamp)
         if what:
-            _warn_once(
-                f"hwprofile: {key} shipped by plugin {stamp.plugin} {stamp.plugin_version} was measured against something "
-                f"that changed ({'; '.join(what)}); re-measure with: hwprofile sweep {stamp.op}"
-            )
+            self.stale_shipped.setdefault("; ".join(what), []).append((key, stamp))
         return "; ".join(what)
+
+    def report(self) -> None:
+        """One warning line per kind of change, naming the stale shipped thresholds and the re-tune commands."""
+        for what, items in self.stale_shipped.items():
+            keys = ", ".join(k for k, _ in items)
+            ops = " / ".join(sorted({st.op for _, st in items}))
+            st = items[0][1]
+            _warn_once(
+                f"hwprofile: {len(items)} threshold(s) shipped by {st.plugin} {st.plugin_version} were measured against "
+                f"something that changed ({what}): {keys}; re-measure with: hwprofile sweep {ops}"
+            )
 
 
 def tuned_dir(info: _device.DeviceInfo, environ: Mapping[str, str]) -> Path:

@@ -4,6 +4,8 @@ Layers, lowest to highest: core default < architecture plugin < downstream plugi
 < tuned-thresholds file < the user's explicit ``HWPROFILE_*`` variable. A variable that is present
 counts as set, even ``"0"`` or ``""``. Nothing here touches ``os.environ`` except
 :func:`apply_env_defaults`, which only fills variables the user left unset.
+
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ class Setting:
         if self.type == "enum":
             return "one of " + ", ".join(self.choices or ())
         if self.type in ("int", "float"):
-            lo = "-inf" if self.minimum is None else f"{self.minimum:g}"
-            hi = "inf" if self.maximum is None else f"{self.maximum:g}"
+            fmt = (lambda v: str(int(v))) if self.type == "int" else (lambda v: f"{v:g}")
+            lo = "-inf" if self.minimum is None else fmt(self.minimum)
+            hi = "inf" if self.maximum is None else fmt(self.maximum)
             return f"{'an integer' if self.type == 'int' else 'a number'} in [{lo}, {hi}]"
         return "a string"
 

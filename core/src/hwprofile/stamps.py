@@ -6,6 +6,8 @@ a :class:`Stamp`: the device (UUID-free), the plugin and its version, the kernel
 and the **fallback identity** (the fallback function, torch's version, cuBLAS/cuBLASLt's version).
 :func:`changes` compares a stamp with what is running now, from package metadata only (no torch
 import), and says in words what changed.
+
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 The crossover logic is pure (:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`) and is
 tested on the CPU with made-up timings; :class:`GpuTimer` does the measuring on a real GPU (cold L2
 by rotating weight copies, CUDA-graph replay, median of many replays, warm-up excluded).
+
+PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

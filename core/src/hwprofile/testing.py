@@ -7,6 +7,10 @@
   by torch; it skips cleanly without one, so CPU-only CI passes.
 * fixtures: ``hwprofile_profile`` (device 0's profile) and ``hwprofile_simulate`` (switch the
   simulated device inside a test; the previous state is restored).
+
+PYTEST_DONT_REWRITE: this distribution provides a pytest11 plugin, so pytest would re-compile
+every hwprofile module through its assertion rewriter; on Python 3.12 that was seen to drop the
+spaces between f-string fields (2026-11-30, pytest 9.1). Its few asserts are internal invariants.
 """
 
 from __future__ import annotations

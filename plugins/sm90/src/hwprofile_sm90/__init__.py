@@ -11,6 +11,7 @@ from typing import Any
 
 from hwprofile import ArchSpec, EnvDefault, Value, hookimpl
 from hwprofile.skinny import ArchTuning, kernel_specs
+from hwprofile.stamps import Stamp
 
 NAME = "sm90"
 TUNING = ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, max_cluster=8)
@@ -21,28 +22,43 @@ def hwprofile_arch() -> ArchSpec:
     return ArchSpec({(9, 0): "sm_90a"}, "NVIDIA Hopper (H100, H200, H20): wgmma, TMA, clusters, 227 KB smem/block")
 
 
-# Where and against what every threshold below was measured (benchmarks/RESULTS.md, 2026-11-30).
-MEASURED = "H200, torch 2.11.0+cu130, cold L2, CUDA-graph replay, 2026-11-30"
-FP32_FALLBACK = "torch.mm(out_dtype=torch.float32) (cuBLAS)"
+# Every measured threshold carries the stamp of the sweep it came from (benchmarks/h200/sweeps/*.toml,
+# `hwprofile sweep OP` on the lent H200, 2026-11-30). hwprofile reports a value as stale when the
+# device, this plugin's version, the kernel source or the fallback (torch, cuBLAS) changes.
+_H200 = {
+    "device": "NVIDIA H200 sm_90 140 GiB",
+    "compute_capability": (9, 0),
+    "plugin": NAME,
+    "plugin_version": "0.1.0",
+    "kernel": "3393218f5c1aad15269b853b94443cdb34873642ae2a25fa9393e451c224792b",
+    "date": "2026-11-30",
+}
+_LIBS = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
+ROUTER = Stamp("router_gemm", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
+LINEAR = Stamp("linear_bf16_fp32", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
+GEMV = Stamp("gemv", fallback={"function": "torch.nn.functional.linear", **_LIBS}, **_H200)
+FP8 = Stamp("fp8_gemv", fallback={"function": "dequantise + torch.nn.functional.linear", **_LIBS}, **_H200)
 
 
 @hookimpl
 def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        # Kernel 3.8-4.4 us (N=256) and 4.8-5.3 us (N=384) vs 6.4-7.8 us: wins at every M = 1..16.
-        "router_gemm.max_tokens": Value(16, f"kernel wins at every M = 1..16 (1.42-1.74x) against {FP32_FALLBACK}; {MEASURED}"),
-        # N=256: wins to M=16; N=4096: wins to M=8 (17.7 vs 20.6 us), loses at M=16 (26.2 vs 20.8 us).
-        "linear_bf16_fp32.max_tokens": Value(8, f"N=4096 loses from M=16 against {FP32_FALLBACK}; {MEASURED}"),
-        "linear_bf16_fp32.max_n": Value(4096, f"widest N measured to win; wider layers stay on cuBLAS; {MEASURED}"),
+        # sweep: kernel 3.8-4.4 us (N=256) / 4.7-5.4 us (N=384) vs cuBLAS 6.4-7.8 us at every M = 1..16.
+        "router_gemm.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 384", ROUTER),
+        # sweep: N=256 wins to M=16; N=4096 wins to M=8 (17.9-18.3 vs 20 us) and loses from M=9 (25 vs 20 us).
+        "linear_bf16_fp32.max_tokens": Value(8, "N=4096 loses from M=9", LINEAR),
+        "linear_bf16_fp32.max_n": Value(4096, "widest N swept", LINEAR),
         "gemv.split_k": Value(True, "small N leaves most of the 132 SMs idle without split-K over a cluster; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
-        # bf16 GEMV: wins 1.06-1.20x at N <= 7168 with K <= 7168 (latency-bound, < 40 MB of
-        # weights); from 100 MB on cuBLAS reaches 3.5-4.2 TB/s and the kernel is 0.89-0.99x.
-        "gemv.max_n": Value(7168, f"cuBLAS F.linear wins from N = 12288 (0.89-0.97x) on {MEASURED}"),
-        "gemv.max_k": Value(7168, f"cuBLAS F.linear wins at N=7168, K=16384 (0.96x) on {MEASURED}"),
-        "gemv.cublas_roof_n_min": Value(0, "no gap needed: gemv.max_n already keeps cuBLAS's near-roof N range"),
-        "gemv.cublas_roof_n_max": Value(0, "no gap"),
-        # FP8: the fallback dequantises the whole weight every call; the kernel is 15-30x faster.
-        "fp8_gemv.max_n": Value(1 << 20, f"kernel wins at every measured N up to 152064 against dequantise + F.linear; {MEASURED}"),
+        # sweep over N x K: the largest all-winning box is N <= 12288, K <= 4096 (1.03-1.21x); at
+        # K >= 7168 or N >= 16384 cuBLAS ties or wins (it reaches 3.5-4.2 TB/s there).
+        "gemv.max_n": Value(12288, "largest all-winning box of the sweep: N <= 12288", GEMV),
+        "gemv.max_k": Value(4096, "largest all-winning box of the sweep: K <= 4096", GEMV),
+        "gemv.cublas_roof_n_min": Value(0, "no gap: the box already leaves cuBLAS's near-roof range to cuBLAS", GEMV),
+        "gemv.cublas_roof_n_max": Value(0, "no gap", GEMV),
+        # FP8: the fallback dequantises the whole weight every call; the kernel won 12-29x at every
+        # swept shape, N up to 152064 (this sweep) and K up to 16384 (sweeps_first/fp8_gemv.toml).
+        "fp8_gemv.max_n": Value(152064, "every swept N won", FP8),
+        "fp8_gemv.max_k": Value(16384, "every swept K won", FP8),
         "fp8_gemv.cublas_roof_n_min": Value(0, "no near-roof fallback for FP8 at M = 1"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }
