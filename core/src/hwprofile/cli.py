@@ -294,6 +294,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from . import scaffold
+
+    directory = args.dir or Path(f"hwprofile-{args.name}")
+    written = scaffold.write(directory, args.name, args.capability, args.target)
+    for p in written:
+        print(f"wrote {p}")
+    target = args.target or "sm_" + args.capability.replace(".", "")
+    print(f"next: pip install {directory} && pytest {directory / 'tests'} && hwprofile compile --arch {target}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
@@ -327,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", type=Path, help="tuned file to write (default: this device's tuned directory)")
     s.add_argument("--plot", type=Path, help="PNG of latency against M or N with the threshold marked")
     s.set_defaults(fn=cmd_sweep)
+    s = sub.add_parser("new-plugin", help="scaffold an architecture plugin package")
+    s.add_argument("name", help="plugin name, e.g. sm89 (distribution hwprofile-<name>)")
+    s.add_argument("--capability", required=True, help="exact compute capability served, e.g. 8.9")
+    s.add_argument("--target", help="NVRTC target (default sm_<major><minor>)")
+    s.add_argument("--dir", type=Path, help="where to write it (default ./hwprofile-<name>)")
+    s.set_defaults(fn=cmd_new_plugin)
     s = sub.add_parser("cache", parents=[common], help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     s.set_defaults(fn=cmd_cache)

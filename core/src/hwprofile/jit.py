@@ -158,7 +158,10 @@ class CompiledKernel:
 def nvrtc_compile(source: str, name: str, target: str, expressions: Sequence[str], options: Sequence[str], *, what: str) -> tuple[bytes, dict[str, str], str]:
     """Compile ``source`` to a cubin for ``target``; return (cubin, lowered names, log)."""
     nvrtc = _nvrtc()
-    check_target(target)
+    try:
+        check_target(target)
+    except ToolchainError as exc:
+        raise ToolchainError(f"cannot compile {what}: {exc}") from None
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:

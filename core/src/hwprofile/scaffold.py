@@ -1,0 +1,180 @@
+"""``hwprofile new-plugin``: a working architecture-plugin package from nothing.
+
+The generated package is the one ``docs/writing-a-plugin.md`` walks through (a test keeps the two
+identical): pyproject with the entry point, hook implementations, a sample kernel shipped as
+package data, and a test that passes as generated once the package is installed.
+
+PYTEST_DONT_REWRITE
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import HwprofileError
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_TARGET = re.compile(r"^sm_\d{2,3}[af]?$")
+
+PYPROJECT = '''[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "hwprofile-{name}"
+version = "0.1.0"
+description = "hwprofile architecture plugin for compute capability {major}.{minor} ({target})"
+requires-python = ">=3.11"
+dependencies = ["hwprofile>=0.1.0"]
+
+[project.entry-points."hwprofile.plugins"]
+{name} = "hwprofile_{name}"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+
+[tool.setuptools.package-data]
+hwprofile_{name} = ["kernels/*.cu"]
+'''
+
+MODULE = '''"""hwprofile-{name}: the architecture plugin for compute capability {major}.{minor} ({target})."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hwprofile import ArchSpec, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
+
+NAME = "{name}"
+
+
+@hookimpl
+def hwprofile_arch() -> ArchSpec:
+    # Exact capabilities only: a device of another minor version is not served by this plugin.
+    return ArchSpec({{({major}, {minor}): "{target}"}}, "compute capability {major}.{minor}")
+
+
+@hookimpl
+def hwprofile_declare_settings() -> list[Setting]:
+    # Settings of your own live in your plugin's namespace and get an env override:
+    # HWPROFILE_{upper}_EXAMPLE_FLAG.
+    return [Setting(f"{{NAME}}.example_flag", "bool", False, "an example feature flag of this plugin")]
+
+
+@hookimpl
+def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    # Each value says why; a measured threshold would also carry a hwprofile.stamps.Stamp.
+    return {{
+        f"{{NAME}}.example_flag": Value(True, "why this architecture wants the flag on"),
+        "router_gemm.max_tokens": Value(0, "no router GEMM kernel for this architecture yet"),
+    }}
+
+
+@hookimpl
+def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+    return {{"TORCH_CUDA_ARCH_LIST": EnvDefault("{major}.{minor}", "build torch extensions for this SM")}}
+
+
+def _configure(*, n: int, **_: Any) -> Launch:
+    return Launch("scale_kernel<2>", (-(-n // 256), 1, 1), (256, 1, 1))
+
+
+@hookimpl
+def hwprofile_kernels(device: Any, target: str) -> list[KernelSpec]:
+    return [KernelSpec(f"{{NAME}}_scale", __name__, "kernels/scale.cu", ("scale_kernel<2>",), _configure, doc="sample kernel")]
+'''
+
+KERNEL = '''// hwprofile-{name} sample kernel: out[i] = S * x[i], built by NVRTC for {target} only.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != {arch_num})
+#error "hwprofile-{name} kernels are built for {target} only"
+#endif
+#include <cuda_bf16.h>
+
+template <int S>
+__global__ void scale_kernel(float* out, const __nv_bfloat16* x, int n) {{
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = S * __bfloat162float(x[i]);
+}}
+'''
+
+TEST = '''"""Runs as generated once the package is installed: pip install . && pytest tests"""
+
+import pytest
+
+from hwprofile import jit
+from hwprofile.device import DeviceInfo
+from hwprofile.profiles import build_profile
+from hwprofile.registry import Registry
+
+DEVICE = DeviceInfo(0, "simulated {target}", ({major}, {minor}), simulated=True)
+
+
+def profile():
+    return build_profile(DEVICE, Registry({{}}).load_entry_points(), {{}})
+
+
+def test_selected_for_its_capability():
+    prof = profile()
+    assert prof.plugin.name == "{name}" and prof.target == "{target}"
+    assert prof.env_defaults["TORCH_CUDA_ARCH_LIST"].value == "{major}.{minor}"
+
+
+def test_settings_have_provenance():
+    flag = profile().explain("{name}.example_flag")
+    assert flag.value is True and flag.winner.source.startswith("hwprofile-{name}")
+
+
+def test_kernel_compiles_for_its_target():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    prof = profile()
+    spec = prof.kernels["{name}_scale"]
+    compiled = jit.compile_spec(spec, prof.target)
+    assert compiled.cubin[:4] == b"\\x7fELF"
+'''
+
+README = '''# hwprofile-{name}
+
+hwprofile architecture plugin for compute capability {major}.{minor} (NVRTC target `{target}`).
+
+    pip install .
+    pytest tests
+    hwprofile compile --arch {target}
+'''
+
+
+def files(name: str, capability: str, target: str | None = None) -> dict[str, str]:
+    """The scaffold's files (relative path -> text) for plugin ``name`` serving ``capability``."""
+    if not _NAME.match(name):
+        raise HwprofileError(f"plugin name {name!r} is invalid: use lower-case letters, digits and _ (e.g. sm89)")
+    m = re.fullmatch(r"(\d+)\.(\d)", capability.strip())
+    if not m:
+        raise HwprofileError(f"--capability {capability!r} is invalid: write major.minor, e.g. 8.9")
+    major, minor = int(m.group(1)), int(m.group(2))
+    target = target or f"sm_{major}{minor}"
+    if not _TARGET.match(target):
+        raise HwprofileError(f"--target {target!r} is invalid: write sm_XY or sm_XYa, e.g. sm_89 or sm_90a")
+    arch_num = major * 100 + minor * 10
+    fmt = {"name": name, "major": major, "minor": minor, "target": target, "upper": name.upper(), "arch_num": arch_num}
+    return {
+        "pyproject.toml": PYPROJECT.format(**fmt),
+        "README.md": README.format(**fmt),
+        f"src/hwprofile_{name}/__init__.py": MODULE.format(**fmt),
+        f"src/hwprofile_{name}/kernels/scale.cu": KERNEL.format(**fmt),
+        "tests/test_plugin.py": TEST.format(**fmt),
+    }
+
+
+def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
+    """Write the scaffold into ``directory`` (which must not exist or be empty)."""
+    content = files(name, capability, target)
+    if directory.exists() and any(directory.iterdir()):
+        raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
+    out = []
+    for rel, text in content.items():
+        p = directory / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        out.append(p)
+    return out
