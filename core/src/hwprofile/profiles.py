@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import threading
-import tomllib
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +286,8 @@ def tuned_files(info: _device.DeviceInfo, environ: Mapping[str, str]) -> list[Pa
 
 
 def _add_tuned_layer(resolver: SettingsResolver, p: Path, staleness: _Staleness, strict: bool) -> None:
+    import tomllib  # only when a tuned file exists
+
     from . import stamps
 
     where = f"tuned file {p}"
