@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import hwprofile
 from hwprofile import jit, ops
+from hwprofile.sweep import replay_times
 
 OUT = Path(os.environ.get("OUT", "out"))
 OUT.mkdir(parents=True, exist_ok=True)
@@ -29,28 +30,8 @@ ROT_BYTES = 512 << 20
 
 
 def graph_time(fn, calls: int, reps: int = 15) -> tuple[float, float]:
-    """Median and spread (max-min)/median of GPU microseconds per call of fn(i), i over calls."""
-    for i in range(calls):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            for i in range(calls):
-                fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
+    """Median and spread (max-min)/median of GPU microseconds per call (hwprofile.sweep's replay timer)."""
+    times = replay_times(fn, calls, reps, dev)
     med = statistics.median(times)
     return med, (max(times) - min(times)) / med
 

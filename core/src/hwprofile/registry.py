@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,41 +67,49 @@ def find_entry_points(group: str) -> list[EntryPoint]:
 
     out: list[EntryPoint] = []
     seen_dists: set[str] = set()
+    if any(e and os.path.isfile(e) for e in sys.path):
+        return _entry_points_slow(group)  # zip imports: let importlib.metadata handle them
+    for entry, d in _site_dirs():
+        if d.endswith(".egg-info"):
+            if os.path.exists(os.path.join(entry, d, "entry_points.txt")):
+                return _entry_points_slow(group)
+            continue
+        m = _DIST_DIR.match(d)
+        if m is None:
+            continue
+        dist = m.group("name").replace("_", "-").lower()
+        if dist in seen_dists:
+            continue  # shadowed by an earlier sys.path entry, as importlib.metadata does
+        seen_dists.add(dist)
+        path = os.path.join(entry, d, "entry_points.txt")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if f"[{group}]" not in text:
+            continue
+        cp = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+        cp.optionxform = str  # type: ignore[assignment,method-assign]
+        cp.read_string(text)
+        for name, value in cp.items(group):
+            out.append(EntryPoint(name, value, _dist_name(entry, d, m.group("name")), m.group("version")))
+    return out
+
+
+def _site_dirs() -> Iterator[tuple[str, str]]:
+    """(sys.path entry, name) for every directory entry of every sys.path directory, in path order."""
+    import sys
+
     for entry in sys.path:
         if not entry or not os.path.isdir(entry):
-            if entry and os.path.isfile(entry):
-                return _entry_points_slow(group)  # zip import: let importlib.metadata handle it
             continue
         try:
             names = os.listdir(entry)
         except OSError:
             continue
         for d in names:
-            if d.endswith(".egg-info"):
-                if os.path.exists(os.path.join(entry, d, "entry_points.txt")):
-                    return _entry_points_slow(group)
-                continue
-            m = _DIST_DIR.match(d)
-            if m is None:
-                continue
-            dist = m.group("name").replace("_", "-").lower()
-            if dist in seen_dists:
-                continue  # shadowed by an earlier sys.path entry, as importlib.metadata does
-            seen_dists.add(dist)
-            path = os.path.join(entry, d, "entry_points.txt")
-            try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if f"[{group}]" not in text:
-                continue
-            cp = configparser.ConfigParser(delimiters=("=",), interpolation=None)
-            cp.optionxform = str  # type: ignore[assignment,method-assign]
-            cp.read_string(text)
-            for name, value in cp.items(group):
-                out.append(EntryPoint(name, value, _dist_name(entry, d, m.group("name")), m.group("version")))
-    return out
+            yield entry, d
 
 
 def installed_version(*names: str) -> str | None:
@@ -124,20 +132,12 @@ _dist_cache: dict[str, str] | None = None
 def _dist_index() -> dict[str, str]:
     global _dist_cache
     if _dist_cache is None:
-        import sys
 
         found: dict[str, str] = {}
-        for entry in sys.path:
-            if not entry or not os.path.isdir(entry):
-                continue
-            try:
-                names = os.listdir(entry)
-            except OSError:
-                continue
-            for d in names:
-                m = _DIST_DIR.match(d)
-                if m is not None:
-                    found.setdefault(m.group("name").replace("_", "-").lower(), m.group("version"))
+        for _, d in _site_dirs():
+            m = _DIST_DIR.match(d)
+            if m is not None:
+                found.setdefault(m.group("name").replace("_", "-").lower(), m.group("version"))
         _dist_cache = found
     return _dist_cache
 

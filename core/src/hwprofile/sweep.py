@@ -131,6 +131,38 @@ def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[st
     return {f"{op}.max_n": n, f"{op}.max_k": k, f"{op}.cublas_roof_n_min": 0, f"{op}.cublas_roof_n_max": 0}, notes
 
 
+def replay_times(fn: Callable[[int], Any], calls: int, reps: int, dev: Any) -> list[float]:
+    """Microseconds per call of ``fn(0..calls-1)``, one sample per CUDA-graph replay.
+
+    The calls are run once (warm-up: compile, load, allocator), captured into one graph on a side
+    stream, replayed once more, then ``reps`` replays are timed with CUDA events: launch gaps and
+    host overhead stay out, and every call reads the weights of a different copy (cold L2).
+    """
+    import torch
+
+    for i in range(calls):
+        fn(i)
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize(dev)
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1000 / calls)
+    return out
+
+
 class Timer(Protocol):
     def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
 
@@ -149,28 +181,7 @@ class GpuTimer:
         self.dev = torch.device("cuda", prof.device.index)
 
     def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
-        torch = self.torch
-        for i in range(calls):  # warm-up: compile, load, allocator; excluded from the samples
-            fn(i)
-        torch.cuda.synchronize(self.dev)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream(self.dev)
-        s.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-            for i in range(calls):
-                fn(i)
-        torch.cuda.current_stream(self.dev).wait_stream(s)
-        g.replay()
-        torch.cuda.synchronize(self.dev)
-        out = []
-        for _ in range(self.reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1000 / calls)
-        return out
+        return replay_times(fn, calls, self.reps, self.dev)
 
     def measure(self, op: str, m: int, n: int, k: int, passes: int = 2) -> Point:
         """``passes`` independent passes, each with fresh weights, so run-to-run noise is measured too."""
