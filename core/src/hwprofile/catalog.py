@@ -11,15 +11,14 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import DeviceError
 
 _MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class CatalogEntry:
+class CatalogEntry(NamedTuple):
     """Published facts about one GPU model."""
 
     name: str

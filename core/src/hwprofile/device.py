@@ -14,8 +14,7 @@ import functools
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import catalog
 from .errors import DeviceError
@@ -25,8 +24,7 @@ log = logging.getLogger(__name__)
 SIMULATE_ENV = "HWPROFILE_DEVICE"
 
 
-@dataclass(frozen=True)
-class DriverAttributes:
+class DriverAttributes(NamedTuple):
     """Facts read from the CUDA driver (or the catalog, for a simulated device); ``None`` if unknown."""
 
     sm_count: int | None = None
@@ -34,8 +32,7 @@ class DriverAttributes:
     l2_cache_bytes: int | None = None
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
+class DeviceInfo(NamedTuple):
     """One visible GPU, numbered as CUDA (and torch) number it in this process."""
 
     index: int
@@ -50,7 +47,7 @@ class DeviceInfo:
     memory_bus_width_bits: int | None = None
     driver_version: str | None = None
     cuda_driver_version: tuple[int, int] | None = None
-    catalog_key: str | None = field(default=None, compare=False)
+    catalog_key: str | None = None
 
     @property
     def sm(self) -> str:
@@ -83,8 +80,7 @@ class DeviceInfo:
         }
 
 
-@dataclass(frozen=True)
-class Detection:
+class Detection(NamedTuple):
     """The devices this process sees; when there are none, ``reason`` says why."""
 
     devices: tuple[DeviceInfo, ...]
@@ -156,14 +152,13 @@ def simulated_detection(spec: str) -> Detection:
 
 
 def _renumber(d: DeviceInfo, index: int) -> DeviceInfo:
-    return DeviceInfo(**{**d.__dict__, "index": index})
+    return d._replace(index=index)
 
 
 # --- ordering: make device i mean what CUDA device i means ----------------------------------------
 
 
-@dataclass(frozen=True)
-class _Raw:
+class _Raw(NamedTuple):
     info: DeviceInfo
     cores: int | None  # CUDA cores, a proxy CUDA's FASTEST_FIRST order can be estimated from
 
@@ -246,7 +241,7 @@ def _probe_nvml() -> tuple[list[_Raw], str | None]:
                 cuda_driver_version=cuda_driver,
             )
             if several:
-                info = DeviceInfo(**{**info.__dict__, **_slow_facts(pynvml, h)})
+                info = info._replace(**_slow_facts(pynvml, h))
             raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if several else None))
         return raw, None
     except pynvml.NVMLError as exc:
@@ -279,7 +274,7 @@ def with_details(d: DeviceInfo) -> DeviceInfo:
         return d
     try:
         h = pynvml.nvmlDeviceGetHandleByUUID(d.uuid)
-        return DeviceInfo(**{**d.__dict__, **_slow_facts(pynvml, h)})
+        return d._replace(**_slow_facts(pynvml, h))
     except Exception:  # noqa: BLE001
         return d
     finally:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import PluginError
 
@@ -26,8 +24,7 @@ OWN_INCLUDE = str(Path(__file__).parent / "include")
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """How to launch one kernel instance: its template name expression, grid, block and dynamic smem."""
 
     name_expression: str
@@ -36,8 +33,7 @@ class Launch:
     shared_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class KernelSpec:
+class KernelSpec(NamedTuple):
     """A kernel a plugin contributes: CUDA C++ source shipped as package data, plus how to launch it.
 
     ``instances`` are the template name expressions ``hwprofile compile`` pre-builds into one cubin;
@@ -49,7 +45,7 @@ class KernelSpec:
     package: str
     source: str
     instances: tuple[str, ...]
-    configure: Callable[..., Launch] = field(compare=False, repr=False)
+    configure: Callable[..., Launch]
     options: tuple[str, ...] = ()
     doc: str = ""
     plugin: str = ""
@@ -57,6 +53,8 @@ class KernelSpec:
 
     def source_path(self) -> Path:
         """Filesystem path of the source; an error says which package data is missing."""
+        from importlib import resources
+
         try:
             p = resources.files(self.package).joinpath(self.source)
         except ModuleNotFoundError:
@@ -97,7 +95,7 @@ def collect_kernels(reg: Registry, selection: Selection, info: DeviceInfo) -> di
         for spec in specs or ():
             if not isinstance(spec, KernelSpec):
                 raise PluginError(f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}")
-            spec = KernelSpec(**{**spec.__dict__, "plugin": p.name, "distribution_version": f"{p.distribution} {p.version}"})
+            spec = spec._replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}")
             spec.source_path()  # a missing source is the plugin author's error: report it now, by name
             out[spec.op] = spec
     return out

@@ -15,10 +15,9 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import device as _device
 from .errors import PluginError, SettingError
@@ -30,20 +29,17 @@ log = logging.getLogger(__name__)
 TUNED_ENV = "HWPROFILE_TUNED_FILE"
 
 
-@dataclass
 class DispatchStats:
     """Per-op counters of kernel vs fallback calls in this process (mutable, thread-tolerant)."""
 
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {op: dict(c) for op, c in sorted(self.counts.items())}
 
 
-@dataclass(frozen=True)
-class Profile:
-    """Everything hwprofile decided for one device. Frozen; read values with ``profile[key]``."""
-
+class _ProfileFields(NamedTuple):
     device: _device.DeviceInfo
     selection: Selection
     participants: tuple[PluginInfo, ...]
@@ -51,7 +47,13 @@ class Profile:
     env_defaults: Mapping[str, ResolvedEnvDefault]
     kernels: Mapping[str, Any]
     fingerprint: str
-    stats: DispatchStats = field(default_factory=DispatchStats, compare=False)
+    stats: DispatchStats
+
+
+class Profile(_ProfileFields):
+    """Everything hwprofile decided for one device. Frozen; read values with ``profile[key]``."""
+
+    __slots__ = ()
 
     @property
     def plugin(self) -> PluginInfo | None:
@@ -203,6 +205,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         env_defaults=MappingProxyType(dict(sorted(env_defaults.items()))),
         kernels=MappingProxyType(kernels),
         fingerprint=fp,
+        stats=DispatchStats(),
     )
 
 

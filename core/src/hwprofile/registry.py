@@ -14,8 +14,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pluggy
 
@@ -31,8 +30,7 @@ DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
 
 
-@dataclass(frozen=True)
-class EntryPoint:
+class EntryPoint(NamedTuple):
     """One entry point of a group, with the distribution that declares it."""
 
     name: str
@@ -62,7 +60,6 @@ def find_entry_points(group: str) -> list[EntryPoint]:
     directory name, gives the same answer in a few ms; anything unusual (eggs, zip imports)
     falls back to ``importlib.metadata``.
     """
-    import configparser
     import sys
 
     out: list[EntryPoint] = []
@@ -89,11 +86,23 @@ def find_entry_points(group: str) -> list[EntryPoint]:
             continue
         if f"[{group}]" not in text:
             continue
-        cp = configparser.ConfigParser(delimiters=("=",), interpolation=None)
-        cp.optionxform = str  # type: ignore[assignment,method-assign]
-        cp.read_string(text)
-        for name, value in cp.items(group):
+        for name, value in _ini_section(text, group):
             out.append(EntryPoint(name, value, _dist_name(entry, d, m.group("name")), m.group("version")))
+    return out
+
+
+def _ini_section(text: str, section: str) -> list[tuple[str, str]]:
+    """``name = value`` pairs of one ``[section]`` of an entry_points.txt (the spec's INI subset)."""
+    out, current = [], None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1].strip()
+        elif current == section and "=" in line:
+            name, _, value = line.partition("=")
+            out.append((name.strip(), value.strip()))
     return out
 
 
@@ -166,8 +175,7 @@ def _entry_points_slow(group: str) -> list[EntryPoint]:
     return out
 
 
-@dataclass(frozen=True)
-class ArchSpec:
+class ArchSpec(NamedTuple):
     """What an architecture plugin serves: exact compute capability -> NVRTC target."""
 
     targets: Mapping[tuple[int, int], str]
@@ -182,15 +190,14 @@ class ArchSpec:
         return tuple(sorted(self.targets))
 
 
-@dataclass(frozen=True)
-class PluginInfo:
+class PluginInfo(NamedTuple):
     """Identity of one registered plugin."""
 
     name: str
     distribution: str | None
     version: str | None
     module: str
-    arch: ArchSpec | None = field(default=None, compare=False)
+    arch: ArchSpec | None = None
 
     @property
     def label(self) -> str:
@@ -215,8 +222,7 @@ class PluginInfo:
         }
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     """Which architecture plugin serves a device, its NVRTC target, and why."""
 
     plugin: PluginInfo | None

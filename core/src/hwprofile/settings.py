@@ -14,8 +14,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import SettingError
 
@@ -25,10 +24,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-@dataclass(frozen=True)
-class Setting:
-    """A declared setting: key, type, default, bounds or choices, doc, and bit-identity."""
-
+class _SettingFields(NamedTuple):
     key: str
     type: str
     default: Any
@@ -38,14 +34,25 @@ class Setting:
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
 
-    def __post_init__(self) -> None:
-        if not _KEY_RE.match(self.key):
-            raise SettingError(f"setting key {self.key!r} is invalid: use lower-case dotted names like 'router_gemm.max_tokens'")
-        if self.type not in _TYPES:
-            raise SettingError(f"setting {self.key}: type {self.type!r} is not one of {', '.join(_TYPES)}")
-        if self.type == "enum" and not self.choices:
-            raise SettingError(f"setting {self.key}: an enum needs choices")
-        self.check(self.default, origin="its declared default")
+
+class Setting(_SettingFields):
+    """A declared setting: key, type, default, bounds or choices, doc, and bit-identity."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls, key: str, type: str, default: Any, doc: str, bit_identical: bool = True,
+        minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None,
+    ) -> Setting:
+        self = super().__new__(cls, key, type, default, doc, bit_identical, minimum, maximum, choices)
+        if not _KEY_RE.match(key):
+            raise SettingError(f"setting key {key!r} is invalid: use lower-case dotted names like 'router_gemm.max_tokens'")
+        if type not in _TYPES:
+            raise SettingError(f"setting {key}: type {type!r} is not one of {', '.join(_TYPES)}")
+        if type == "enum" and not choices:
+            raise SettingError(f"setting {key}: an enum needs choices")
+        self.check(default, origin="its declared default")
+        return self
 
     @property
     def env_var(self) -> str:
@@ -117,8 +124,7 @@ class Setting:
         return value
 
 
-@dataclass(frozen=True)
-class Value:
+class Value(NamedTuple):
     """A setting value with the reason it was chosen and, for a measured threshold, its stamp.
 
     ``stamp`` (a :class:`hwprofile.stamps.Stamp`) records what the value was measured against; the
@@ -130,8 +136,7 @@ class Value:
     stamp: Any = None
 
 
-@dataclass(frozen=True)
-class EnvDefault:
+class EnvDefault(NamedTuple):
     """An environment-variable default a plugin proposes, with the architecture reason for it."""
 
     value: str
@@ -139,8 +144,7 @@ class EnvDefault:
     bit_identical: bool = True
 
 
-@dataclass(frozen=True)
-class Layer:
+class Layer(NamedTuple):
     """One layer's contribution to a setting: which kind of layer, who, what value, and why.
 
     ``stale`` says what changed since the value was measured; a stale layer with ``applied=False``
@@ -167,8 +171,7 @@ class Layer:
         }
 
 
-@dataclass(frozen=True)
-class ResolvedSetting:
+class ResolvedSetting(NamedTuple):
     """A setting's final value and the whole chain of layers that produced it (winner last)."""
 
     setting: Setting
@@ -199,8 +202,7 @@ class ResolvedSetting:
         }
 
 
-@dataclass(frozen=True)
-class ResolvedEnvDefault:
+class ResolvedEnvDefault(NamedTuple):
     """An env default after layering, and whether the user already set the variable."""
 
     name: str
@@ -283,13 +285,13 @@ CORE_SETTINGS: tuple[Setting, ...] = (
 # --- resolution ----------------------------------------------------------------------------------
 
 
-@dataclass
 class SettingsResolver:
     """Accumulates layers over declared settings and checks every value against its declaration."""
 
-    declared: dict[str, Setting] = field(default_factory=dict)
-    declared_by: dict[str, str] = field(default_factory=dict)
-    chains: dict[str, list[Layer]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.declared: dict[str, Setting] = {}
+        self.declared_by: dict[str, str] = {}
+        self.chains: dict[str, list[Layer]] = {}
 
     def declare(self, settings: Iterable[Setting], *, by: str, namespace: str | None = None) -> None:
         """Add declarations; ``namespace`` (a plugin name) restricts the keys a plugin may declare."""

@@ -11,16 +11,15 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 from .kernelspec import KernelSpec, Launch
 
 NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class ArchTuning:
+class ArchTuning(NamedTuple):
     """Per-SM constants the launch plan depends on (defaults measured on the H200, see benchmarks/)."""
 
     sm_count: int

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from .device import DeviceInfo
 from .registry import installed_version
@@ -54,8 +54,7 @@ def fallback_identity(op: str) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
-class Stamp:
+class Stamp(NamedTuple):
     """What a threshold was measured against."""
 
     op: str
@@ -64,7 +63,7 @@ class Stamp:
     plugin: str
     plugin_version: str
     kernel: str  # source digest of the op's kernel (plugin + hwprofile headers)
-    fallback: Mapping[str, str] = field(default_factory=dict)
+    fallback: Mapping[str, str] = MappingProxyType({})
     date: str = ""
 
     def as_dict(self) -> dict[str, Any]:
