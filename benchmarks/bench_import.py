@@ -1,6 +1,8 @@
-"""Import and first-profile cost in fresh processes (median of 15), beside NVML's own cost.
+"""Import and first-profile cost in fresh processes, beside NVML's own cost.
 
-Usage: PYTHONPATH=core/src:plugins/sm90/src:plugins/sm100/src:plugins/sm120/src python benchmarks/bench_import.py
+The snippets are run interleaved (A, B, C, A, B, C, ...) so that drift of the machine affects all
+of them alike; each row is the median of the in-process times. Usage:
+PYTHONPATH=core/src:plugins/sm90/src:plugins/sm100/src:plugins/sm120/src python benchmarks/bench_import.py [runs]
 """
 
 from __future__ import annotations
@@ -10,33 +12,29 @@ import subprocess
 import sys
 
 SNIPPETS = {
-    "interpreter": "pass",
     "import hwprofile": "import hwprofile",
-    "import pynvml + nvmlInit + capability": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
+    "import pynvml + nvmlInit + capability (NVML's own cost)": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
     "import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
-    # breakdown of the first profile() (each in a fresh process)
-    "import importlib.metadata": "import importlib.metadata",
-    "entry_points(group='hwprofile.plugins')": "from importlib.metadata import entry_points; entry_points(group='hwprofile.plugins')",
-    "hwprofile.detect() (NVML probe)": "import hwprofile; hwprofile.detect()",
-    "registry: load plugins": "from hwprofile.profiles import registry; registry()",
+    "import hwprofile + detect() (NVML probe)": "import hwprofile; hwprofile.detect()",
 }
 
 
-def run(code: str, n: int = 15) -> float:
-    ts = []
-    for _ in range(n):
-        p = subprocess.run([sys.executable, "-c", f"import time; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"], capture_output=True, text=True, check=True)
-        ts.append(float(p.stdout.strip().splitlines()[-1]) * 1000)
-    return statistics.median(ts)
+def once(code: str) -> float:
+    p = subprocess.run([sys.executable, "-c", f"import time; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"], capture_output=True, text=True, check=True)
+    return float(p.stdout.strip().splitlines()[-1]) * 1000
 
 
-def main() -> None:
-    wall = {}
-    for name, code in SNIPPETS.items():
-        wall[name] = run(code)
-    for name, ms in wall.items():
-        print(f"{name:<42} {ms:8.1f} ms (in-process, median of 15 fresh processes)")
+def main(runs: int) -> None:
+    samples: dict[str, list[float]] = {name: [] for name in SNIPPETS}
+    for _ in range(runs):
+        for name, code in SNIPPETS.items():
+            samples[name].append(once(code))
+    med = {name: statistics.median(xs) for name, xs in samples.items()}
+    for name, ms in med.items():
+        print(f"{name:<58} {ms:8.1f} ms (median of {runs}, interleaved)")
+    nvml = med["import pynvml + nvmlInit + capability (NVML's own cost)"]
+    print(f"first profile() over NVML's own cost: {med['import hwprofile + profile(0)'] - nvml:+.1f} ms")
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 25)
