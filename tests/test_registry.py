@@ -160,3 +160,15 @@ def test_entry_point_attribute_form(tmp_path, monkeypatch: pytest.MonkeyPatch) -
 def test_invalid_arch_spec_is_rejected() -> None:
     with pytest.raises(PluginError, match="sm_XYa"):
         Registry({}).register(arch_plugin({(9, 0): "compute_90"}), "weird")
+
+
+def test_egg_info_entry_points_are_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwprofile import registry
+
+    egg = tmp_path / "legacy_plugin.egg-info"
+    egg.mkdir()
+    (egg / "entry_points.txt").write_text("[console_scripts]\nx = y\n\n[hwprofile.plugins]\nlegacy = legacy_mod:Plugin\n")
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: legacy-plugin\nVersion: 2.0.1\n\nbody\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = {e.name: e for e in registry.find_entry_points(registry.ENTRY_POINT_GROUP)}
+    assert eps["legacy"] == registry.EntryPoint("legacy", "legacy_mod:Plugin", "legacy-plugin", "2.0.1")
