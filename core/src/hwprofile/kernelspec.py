@@ -53,12 +53,10 @@ class KernelSpec(NamedTuple):
 
     def source_path(self) -> Path:
         """Filesystem path of the source; an error says which package data is missing."""
-        from importlib import resources
-
-        try:
-            p = resources.files(self.package).joinpath(self.source)
-        except ModuleNotFoundError:
+        p = _package_dir(self.package)
+        if p is None:
             raise PluginError(f"plugin {self.plugin}: kernel {self.op!r} names package {self.package!r}, which is not importable") from None
+        p = p / self.source
         if not p.is_file():
             raise PluginError(
                 f"plugin {self.plugin}: kernel {self.op!r} source {self.source!r} is missing from package {self.package!r}; "
@@ -99,6 +97,24 @@ def collect_kernels(reg: Registry, selection: Selection, info: DeviceInfo) -> di
             spec.source_path()  # a missing source is the plugin author's error: report it now, by name
             out[spec.op] = spec
     return out
+
+
+def _package_dir(package: str) -> Path | None:
+    """Directory of an installed package (plugins are plain directories; zipped ones go through
+    importlib.resources, which costs ~10 ms to import and is not needed otherwise)."""
+    import importlib
+    import sys
+
+    try:
+        module = sys.modules.get(package) or importlib.import_module(package)
+    except ImportError:
+        return None
+    file = getattr(module, "__file__", None)
+    if file and Path(file).parent.is_dir():
+        return Path(file).parent
+    from importlib import resources
+
+    return Path(str(resources.files(package)))
 
 
 def _resolve_include(name: str, dirs: Sequence[str]) -> Path | None:
