@@ -33,7 +33,9 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
         "linear_bf16_fp32.max_tokens": Value(8, "conservative until measured on SM120 against torch.mm(out_dtype=fp32)"),
         # The FP8 GEMV exists for SM120: with no tcgen05, cuBLAS FP8 at M = 1 is a poor fit and the
         # fallback dequantises the whole weight first.
-        "gemv.split_k": Value(True, "fill the SMs at small N; not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0"),
+        # SM12x has no tcgen05/TMEM and ~99 KB of shared memory per block, so the datacenter
+        # Blackwell GEMM paths do not apply; the SIMT/mma.sync kernels need split-K to fill the SMs.
+        "gemv.split_k": Value(True, "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N; not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0"),
         "fp8_gemv.cublas_roof_n_min": Value(0, "the FP8 kernel is used at every N (no near-roof fallback for FP8 at M = 1)"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }
