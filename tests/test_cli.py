@@ -96,3 +96,30 @@ def test_cache_info(capsys: pytest.CaptureFixture[str]) -> None:
 def test_compile_unknown_arch(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "compile", "--arch", "sm_75")
     assert code == 2 and "no installed plugin targets sm_75" in err
+
+
+def test_cache_clear_removes_entries(capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    (d / "a.cubin").write_bytes(b"x")
+    (d / "a.cubin.lock").write_bytes(b"")
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(d))
+    code, out, _ = run(capsys, "cache", "clear")
+    assert code == 0 and "removed 1 entries" in out and not list(d.iterdir())
+
+
+def test_env_json_and_plain(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    code, out, _ = run(capsys, "env", "--simulate", "gb300", "--json")
+    d = json.loads(out)
+    assert d["TORCH_CUDA_ARCH_LIST"]["value"] == "10.3a" and "CUDA_MODULE_LOADING" not in d
+    code, out, _ = run(capsys, "env", "--simulate", "gb300")
+    assert "TORCH_CUDA_ARCH_LIST=10.3a" in out and "already set by you, left alone: CUDA_MODULE_LOADING" in out
+
+
+def test_plugins_text(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "myengine")
+    code, out, _ = run(capsys, "plugins", "--simulate", "dgx-spark")
+    assert code == 0 and "sm120" in out and "(12, 1)->sm_121a" not in out and "12.1->sm_121a" in out
+    assert "disabled by HWPROFILE_DISABLE_PLUGINS: myengine" in out and "device 0 NVIDIA GB10 (sm_121): sm120 claims" in out

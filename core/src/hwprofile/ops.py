@@ -101,7 +101,6 @@ class _Table:
         self.failed: set[str] = set()
         self.launches: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self.logged: set[tuple[str, str]] = set()
-        self.mm_out_dtype: bool | None = None
 
     def count(self, op: str, path: str) -> None:
         c = self.prof.stats.counts.setdefault(op, {"kernel": 0, "fallback": 0})
@@ -280,15 +279,23 @@ def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return _mm_fp32(x, w)
 
 
+_mm_out_dtype: bool | None = None  # does this torch have torch.mm(..., out_dtype=) on CUDA? probed once
+
+
 def _mm_fp32(x: Any, w: Any) -> Any:
     """The fp32-output fallback: cuBLAS with fp32 output where torch has it, else an fp32 upcast."""
+    global _mm_out_dtype
     import torch
 
-    if x.is_cuda:
+    if x.is_cuda and _mm_out_dtype is not False:
         try:
-            return torch.mm(x, w.t(), out_dtype=torch.float32)
-        except (TypeError, NotImplementedError, RuntimeError):
-            pass
+            out = torch.mm(x, w.t(), out_dtype=torch.float32)
+        except (TypeError, NotImplementedError) as exc:  # older torch: no out_dtype for mm
+            _mm_out_dtype = False
+            log.info("hwprofile: torch.mm(out_dtype=float32) is not available (%s); fp32 fallbacks upcast instead", exc)
+        else:
+            _mm_out_dtype = True
+            return out
     return torch.mm(x.float(), w.float().t())
 
 
