@@ -113,9 +113,9 @@ def test_env_json_and_plain(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
     code, out, _ = run(capsys, "env", "--simulate", "gb300", "--json")
     d = json.loads(out)
-    assert d["TORCH_CUDA_ARCH_LIST"]["value"] == "10.3a" and "CUDA_MODULE_LOADING" not in d
+    assert code == 0 and d["TORCH_CUDA_ARCH_LIST"]["value"] == "10.3a" and "CUDA_MODULE_LOADING" not in d
     code, out, _ = run(capsys, "env", "--simulate", "gb300")
-    assert "TORCH_CUDA_ARCH_LIST=10.3a" in out and "already set by you, left alone: CUDA_MODULE_LOADING" in out
+    assert code == 0 and "TORCH_CUDA_ARCH_LIST=10.3a" in out and "already set by you, left alone: CUDA_MODULE_LOADING" in out
 
 
 def test_plugins_text(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
