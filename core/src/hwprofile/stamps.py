@@ -31,12 +31,6 @@ FALLBACK_FUNCTION = {
 _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 
 
-def op_of(key: str) -> str | None:
-    """The op a threshold key belongs to (``router_gemm.max_tokens`` -> ``router_gemm``)."""
-    op = key.split(".", 1)[0]
-    return op if op in FALLBACK_FUNCTION else None
-
-
 def device_identity(d: DeviceInfo) -> str:
     """A UUID-free identity: two cards of one model share it, a different model does not."""
     mem = f" {round(d.memory_bytes / 2**30)} GiB" if d.memory_bytes else ""
