@@ -5,4 +5,4 @@ set -euo pipefail
 rm -rf core/build plugins/*/build examples/downstream/build .whl
 python -m pip wheel -q --no-deps --no-build-isolation ./core ./plugins/sm90 ./plugins/sm100 ./plugins/sm120 ./examples/downstream -w .whl
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.3.6 tomli-w==1.2.0
+  --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.14.5 tomli-w==1.2.0

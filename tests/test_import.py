@@ -53,3 +53,62 @@ print(os.waitstatus_to_exitcode(status))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "0"
+
+
+def test_first_profile_leaves_slow_modules_unloaded() -> None:
+    """The start-up budget (issue 2) depends on these staying out of a first profile()."""
+    code = r"""
+import sys
+before = set(sys.modules)
+import hwprofile
+hwprofile.profile(0)
+slow = ('logging', 'json', 'platformdirs', 'importlib.metadata', 'importlib.resources', 'tomllib', 'configparser', 'tempfile')
+print(' '.join(sorted(m for m in set(sys.modules) - before if m in slow or m.split('.')[0] in slow)))
+"""
+    # rtx-pro-6000: the sm120 plugin ships no stamped thresholds, so no staleness warning is logged
+    env = {**os.environ, "HWPROFILE_DEVICE": "rtx-pro-6000"}
+    env.pop("XDG_CONFIG_HOME", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == []
+
+
+LOGGER_PROBE = r"""
+import sys
+from hwprofile._log import get_logger
+log = get_logger("hwprofile.probe")
+log.debug("dropped %s", 1)
+log.info("dropped %s", 2)
+print("logging" in sys.modules)
+log.warning("shown %s", 3)
+print("logging" in sys.modules)
+"""
+
+
+def test_lazy_logger_imports_logging_only_to_emit() -> None:
+    p = subprocess.run([sys.executable, "-c", LOGGER_PROBE], capture_output=True, text=True, check=True)
+    assert p.stdout.split() == ["False", "True"]
+    assert p.stderr.strip() == "shown 3"  # logging's last-resort handler, as with a plain logger
+
+
+def test_lazy_logger_reaches_configured_logging(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from hwprofile._log import get_logger
+
+    log = get_logger("hwprofile.test")
+
+    def caller() -> None:
+        log.debug("d %d", 1)
+        log.info("i")
+        log.warning("w")
+        log.error("e")
+
+    with caplog.at_level(logging.DEBUG, logger="hwprofile.test"):
+        caller()
+    assert [(r.levelname, r.getMessage(), r.funcName) for r in caplog.records] == [
+        ("DEBUG", "d 1", "caller"),
+        ("INFO", "i", "caller"),
+        ("WARNING", "w", "caller"),
+        ("ERROR", "e", "caller"),
+    ]
+    assert log.isEnabledFor(logging.CRITICAL) and log.name == "hwprofile.test"  # the rest goes to the real logger

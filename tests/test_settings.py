@@ -180,6 +180,25 @@ def test_default_tuned_dir_per_device(tmp_path: Path) -> None:
     assert build_profile(SPARK, _registry(env, ("arch", Arch())), env)[KEY] == 16  # another device's dir
 
 
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the XDG shortcut applies on Linux only")
+@pytest.mark.parametrize("xdg", [None, "/srv/xdg-config", "  "])
+def test_config_dir_shortcut_agrees_with_platformdirs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, xdg: str | None) -> None:
+    import os
+
+    import platformdirs
+
+    from hwprofile.profiles import config_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HWPROFILE_CONFIG_DIR", raising=False)
+    if xdg is None:
+        monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CONFIG_HOME", xdg)
+    assert config_dir(os.environ) == platformdirs.user_config_dir("hwprofile")
+    assert config_dir({"HWPROFILE_CONFIG_DIR": "/x"}) == "/x"
+
+
 def test_shipped_threshold_stamp_is_reported_when_fallback_changed(caplog: pytest.LogCaptureFixture) -> None:
     from hwprofile import stamps
 

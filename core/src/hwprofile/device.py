@@ -11,15 +11,15 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from . import catalog
+from ._log import get_logger
 from .errors import DeviceError
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 SIMULATE_ENV = "HWPROFILE_DEVICE"
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import logging
 import os
 import re
 import stat
@@ -36,10 +35,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ._log import get_logger
 from .errors import KernelCompileError, KernelError, ToolchainError
 from .kernelspec import OWN_INCLUDE, KernelSpec, Launch
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CACHE_DIR_ENV = "HWPROFILE_CACHE_DIR"
 CACHE_ENV = "HWPROFILE_CACHE"

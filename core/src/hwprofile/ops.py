@@ -23,20 +23,20 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import profiles as _profile_mod
+from ._log import get_logger
 from .errors import KernelError
 from .profiles import Profile, profile
 
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
 NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2

@@ -12,15 +12,12 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from .device import DeviceInfo
 from .registry import installed_version
-
-log = logging.getLogger(__name__)
 
 FALLBACK_FUNCTION = {
     "router_gemm": "torch.mm(out_dtype=torch.float32)",

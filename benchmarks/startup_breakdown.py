@@ -1,0 +1,92 @@
+"""Where the first ``profile()`` spends its time, step by step, in fresh processes.
+
+Three views, each in its own fresh interpreter so that nothing is warm:
+
+* ``steps``: wall time of each step of ``import pynvml; import hwprofile; detect(); profile(0)``
+  (median over ``runs`` processes), so the cost above NVML's own start is split into import,
+  NVML probe, registry and resolving;
+* ``importtime``: ``python -X importtime`` of the same, the modules sorted by self time;
+* ``cprofile``: one cProfile of ``profile(0)`` after ``import pynvml``, by own and cumulative time.
+
+Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/startup_breakdown.py [runs] [views...]
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+
+STEPS = r"""
+import time
+t0 = time.perf_counter()
+import pynvml
+t1 = time.perf_counter()
+import hwprofile
+t2 = time.perf_counter()
+import hwprofile.device, hwprofile.profiles
+t3 = time.perf_counter()
+hwprofile.detect()
+t4 = time.perf_counter()
+from hwprofile import profiles
+profiles.registry()
+t5 = time.perf_counter()
+hwprofile.profile(0)
+t6 = time.perf_counter()
+ms = [1000 * (b - a) for a, b in zip((t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6))]
+print(" ".join(f"{x:.3f}" for x in ms))
+"""
+STEP_NAMES = ("import pynvml", "import hwprofile", "import device+profiles", "detect() (NVML probe)", "registry (entry points, plugin imports)", "resolve profile(0)")
+
+CPROFILE = r"""
+import cProfile, io, pstats
+import pynvml
+cp = cProfile.Profile()
+cp.enable()
+import hwprofile
+hwprofile.profile(0)
+cp.disable()
+for key in ("tottime", "cumulative"):
+    s = io.StringIO()
+    pstats.Stats(cp, stream=s).sort_stats(key).print_stats(35)
+    print(s.getvalue())
+"""
+
+
+def _py(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, check=True)
+
+
+def steps(runs: int) -> None:
+    rows = [[float(x) for x in _py(STEPS).stdout.split()] for _ in range(runs)]
+    for i, name in enumerate(STEP_NAMES):
+        col = [r[i] for r in rows]
+        print(f"{name:<42} median {statistics.median(col):7.2f} ms  min {min(col):7.2f}  max {max(col):7.2f}")
+    print(f"{'sum after import pynvml':<42} median {statistics.median(sum(r[1:]) for r in rows):7.2f} ms")
+
+
+def importtime() -> None:
+    _py("import pynvml; import hwprofile; hwprofile.profile(0)", "-X", "importtime")  # warm the bytecode cache
+    err = _py("import pynvml; import hwprofile; hwprofile.profile(0)", "-X", "importtime").stderr
+    rows = []
+    for line in err.splitlines():
+        if line.startswith("import time:") and "|" in line and "self" not in line:
+            self_us, cum_us, name = line[len("import time:") :].split("|")
+            rows.append((int(self_us), int(cum_us), name.rstrip()))
+    after = [r for r in rows[[r[2].strip() for r in rows].index("pynvml") + 1 :]] if any(r[2].strip() == "pynvml" for r in rows) else rows
+    print(f"modules imported after pynvml: {len(after)}, self time {sum(r[0] for r in after) / 1000:.1f} ms")
+    for self_us, cum_us, name in sorted(after, reverse=True)[:30]:
+        print(f"{self_us / 1000:7.2f} ms self {cum_us / 1000:7.2f} ms cum  {name}")
+
+
+def cprofile() -> None:
+    print(_py(CPROFILE).stdout)
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    views = sys.argv[2:] or ["steps", "importtime", "cprofile"]
+    print(f"python {sys.version.split()[0]}, dont_write_bytecode={sys.flags.dont_write_bytecode}")
+    for v in views:
+        print(f"== {v}")
+        steps(n) if v == "steps" else importtime() if v == "importtime" else cprofile()
