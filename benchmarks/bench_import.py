@@ -16,6 +16,7 @@ SNIPPETS = {
     "import pynvml + nvmlInit + capability (NVML's own cost)": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
     "import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
     "import hwprofile + detect() (NVML probe)": "import hwprofile; hwprofile.detect()",
+    "NVML's own cost + nvmlShutdown (as detection does)": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)); pynvml.nvmlShutdown()",
 }
 
 
@@ -29,11 +30,17 @@ def main(runs: int) -> None:
     for _ in range(runs):
         for name, code in SNIPPETS.items():
             samples[name].append(once(code))
-    med = {name: statistics.median(xs) for name, xs in samples.items()}
-    for name, ms in med.items():
-        print(f"{name:<58} {ms:8.1f} ms (median of {runs}, interleaved)")
-    nvml = med["import pynvml + nvmlInit + capability (NVML's own cost)"]
-    print(f"first profile() over NVML's own cost: {med['import hwprofile + profile(0)'] - nvml:+.1f} ms")
+    for name, xs in samples.items():
+        q = statistics.quantiles(xs, n=4)
+        print(f"{name:<58} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  min {min(xs):6.1f} (n={runs}, interleaved)")
+    nvml = samples["import pynvml + nvmlInit + capability (NVML's own cost)"]
+    ours = samples["import hwprofile + profile(0)"]
+    # Two estimates of the cost above NVML's own: the difference of the medians, and the median of
+    # the differences within each interleaved round (both snippets ran back to back). The minima
+    # are the least noisy view of what the work itself costs.
+    paired = [b - a for a, b in zip(nvml, ours, strict=True)]
+    print(f"first profile() over NVML's own cost: {statistics.median(ours) - statistics.median(nvml):+.1f} ms (difference of medians), "
+          f"{statistics.median(paired):+.1f} ms (median of paired differences), {min(ours) - min(nvml):+.1f} ms (difference of minima)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from . import device as _device
 from ._log import get_logger
 from .errors import PluginError, SettingError
 from .registry import PluginInfo, Registry, Selection
+from .registry import clear_cache as clear_registry_cache
 from .settings import CORE_SETTINGS, EnvDefault, ResolvedEnvDefault, ResolvedSetting, SettingsResolver, apply_env_defaults
 
 log = get_logger(__name__)
@@ -127,6 +128,7 @@ def reset() -> None:
         _registry = None
         _profiles.clear()
         _device.clear_cache()
+        clear_registry_cache()
 
 
 def _current_device_index() -> int:

@@ -85,10 +85,7 @@ def find_entry_points(group: str) -> list[EntryPoint]:
     if any(e and os.path.isfile(e) for e in sys.path):
         return _entry_points_slow(group)  # zip imports: let importlib.metadata handle them
     header = f"[{group}]"
-    for entry, d in _site_dirs():
-        meta = _metadata_dir(d)
-        if meta is None:
-            continue
+    for entry, d, meta in _metadata_dirs():
         dist = meta[0].replace("_", "-").lower()
         if dist in seen_dists:
             continue  # shadowed by an earlier sys.path entry, as importlib.metadata does
@@ -121,19 +118,38 @@ def _ini_section(text: str, section: str) -> list[tuple[str, str]]:
     return out
 
 
-def _site_dirs() -> Iterator[tuple[str, str]]:
-    """(sys.path entry, name) for every directory entry of every sys.path directory, in path order."""
+_listing_cache: dict[str, list[tuple[str, tuple[str, str | None, str]]]] = {}
+
+
+def _metadata_dirs() -> Iterator[tuple[str, str, tuple[str, str | None, str]]]:
+    """``(sys.path entry, directory, (name, version, header))`` of every distribution's metadata
+    directory, in ``sys.path`` order.
+
+    Each sys.path directory is listed once per process (entry points and installed versions both
+    read it during the first ``profile()``); :func:`clear_cache` forgets the listings.
+    """
     import sys
 
     for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
+        if not entry:
             continue
-        try:
-            names = os.listdir(entry)
-        except OSError:
-            continue
-        for d in names:
-            yield entry, d
+        found = _listing_cache.get(entry)
+        if found is None:
+            try:
+                names = os.listdir(entry)
+            except OSError:  # missing, a file (zip) or unreadable: holds no metadata directories
+                continue
+            found = [(d, meta) for d in names if (meta := _metadata_dir(d)) is not None]
+            _listing_cache[entry] = found
+        for d, meta in found:
+            yield entry, d, meta
+
+
+def clear_cache() -> None:
+    """Forget directory listings and installed versions (after installing or removing packages)."""
+    global _dist_cache
+    _listing_cache.clear()
+    _dist_cache = None
 
 
 def installed_version(*names: str) -> str | None:
@@ -156,11 +172,9 @@ _dist_cache: dict[str, str] | None = None
 def _dist_index() -> dict[str, str]:
     global _dist_cache
     if _dist_cache is None:
-
         found: dict[str, str] = {}
-        for _, d in _site_dirs():
-            meta = _metadata_dir(d)
-            if meta is not None and meta[2] == "METADATA":
+        for _, _d, meta in _metadata_dirs():
+            if meta[2] == "METADATA":
                 found.setdefault(meta[0].replace("_", "-").lower(), meta[1] or "")
         _dist_cache = found
     return _dist_cache
