@@ -5,6 +5,11 @@ Three views, each in its own fresh interpreter so that nothing is warm:
 * ``steps``: wall time of each step of ``import pynvml; import hwprofile; detect(); profile(0)``
   (median over ``runs`` processes), so the cost above NVML's own start is split into import,
   NVML probe, registry and resolving;
+* ``paired``: in each fresh process, first NVML's own cost exactly as the issue measures it
+  (``import pynvml`` + ``nvmlInit`` + one capability query), then, with NVML still initialised,
+  every step of hwprofile's first ``profile(0)``, and last the ``nvmlShutdown`` that detection
+  does (NVML's teardown, which hwprofile's cold detection pays). Both costs come from the same
+  process, so the machine's process-to-process swings (20-30 ms on the H200 host) cancel out;
 * ``importtime``: ``python -X importtime`` of the same, the modules sorted by self time;
 * ``cprofile``: one cProfile of ``profile(0)`` after ``import pynvml``, by own and cumulative time.
 
@@ -38,6 +43,48 @@ print(" ".join(f"{x:.3f}" for x in ms))
 """
 STEP_NAMES = ("import pynvml", "import hwprofile", "import device+profiles", "detect() (NVML probe)", "registry (entry points, plugin imports)", "resolve profile(0)")
 
+PAIRED = r"""
+import time
+c = [time.perf_counter()]
+import pynvml
+pynvml.nvmlInit()
+pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
+c.append(time.perf_counter())
+import hwprofile
+c.append(time.perf_counter())
+from hwprofile import device, profiles, registry
+c.append(time.perf_counter())
+hwprofile.detect()
+c.append(time.perf_counter())
+eps = registry.find_entry_points(registry.ENTRY_POINT_GROUP)
+c.append(time.perf_counter())
+import importlib
+for ep in eps:
+    importlib.import_module(ep.value.partition(":")[0].strip())
+c.append(time.perf_counter())
+profiles.registry()
+c.append(time.perf_counter())
+import hashlib
+c.append(time.perf_counter())
+hwprofile.profile(0)
+c.append(time.perf_counter())
+pynvml.nvmlShutdown()
+c.append(time.perf_counter())
+print(" ".join(f"{1000 * (b - a):.3f}" for a, b in zip(c, c[1:])))
+"""
+PAIRED_NAMES = (
+    "NVML's own: import pynvml + nvmlInit + capability",
+    "import hwprofile",
+    "import device, profiles, registry, settings",
+    "detect() (NVML already initialised)",
+    "entry-point scan",
+    "import the plugin modules",
+    "register plugins (pluggy, hwprofile_arch)",
+    "import hashlib",
+    "resolve profile(0)",
+    "nvmlShutdown (detection's teardown)",
+)
+
 CPROFILE = r"""
 import cProfile, io, pstats
 import pynvml
@@ -65,6 +112,17 @@ def steps(runs: int) -> None:
     print(f"{'sum after import pynvml':<42} median {statistics.median(sum(r[1:]) for r in rows):7.2f} ms")
 
 
+def paired(runs: int) -> None:
+    rows = [[float(x) for x in _py(PAIRED).stdout.split()] for _ in range(runs)]
+    for i, name in enumerate(PAIRED_NAMES):
+        col = [r[i] for r in rows]
+        print(f"{name:<50} median {statistics.median(col):7.2f} ms  min {min(col):7.2f}  max {max(col):7.2f}")
+    ours = [sum(r[1:]) for r in rows]
+    nvml = [r[0] for r in rows]
+    print(f"{'hwprofile above NVML (all steps after the first)':<50} median {statistics.median(ours):7.2f} ms  min {min(ours):7.2f}  max {max(ours):7.2f}")
+    print(f"{'ratio to NVML own, per process':<50} median {statistics.median(o / n for o, n in zip(ours, nvml, strict=True)):7.3f}")
+
+
 def importtime() -> None:
     _py("import pynvml; import hwprofile; hwprofile.profile(0)", "-X", "importtime")  # warm the bytecode cache
     err = _py("import pynvml; import hwprofile; hwprofile.profile(0)", "-X", "importtime").stderr
@@ -85,8 +143,8 @@ def cprofile() -> None:
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    views = sys.argv[2:] or ["steps", "importtime", "cprofile"]
+    views = sys.argv[2:] or ["paired", "steps", "importtime", "cprofile"]
     print(f"python {sys.version.split()[0]}, dont_write_bytecode={sys.flags.dont_write_bytecode}")
     for v in views:
         print(f"== {v}")
-        steps(n) if v == "steps" else importtime() if v == "importtime" else cprofile()
+        {"paired": lambda: paired(n), "steps": lambda: steps(n), "importtime": importtime, "cprofile": cprofile}[v]()

@@ -15,7 +15,6 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from . import catalog
 from ._log import get_logger
 from .errors import DeviceError
 
@@ -57,6 +56,8 @@ class DeviceInfo(NamedTuple):
     def attributes(self) -> DriverAttributes:
         """SM count, opt-in shared memory per block and L2 size, read lazily (may initialise CUDA)."""
         if self.simulated and self.catalog_key is not None:
+            from . import catalog
+
             e = catalog.lookup(self.catalog_key)
             return DriverAttributes(e.sm_count, e.max_shared_memory_per_block_optin, e.l2_cache_bytes)
         return _driver_attributes(self.index)
@@ -129,6 +130,8 @@ def clear_cache() -> None:
 
 def simulated_detection(spec: str) -> Detection:
     """Devices from a comma list of catalog names: ``"gb300,rtx-pro-6000"`` is devices 0 and 1."""
+    from . import catalog  # only simulation needs it: a real GPU's first profile() does not load it
+
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise DeviceError(f"{SIMULATE_ENV}={spec!r} names no device; known devices: {', '.join(sorted(catalog.CATALOG))}")
