@@ -17,11 +17,16 @@ SNIPPETS = {
     "import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
     "import hwprofile + detect() (NVML probe)": "import hwprofile; hwprofile.detect()",
     "NVML's own cost + nvmlShutdown (as detection does)": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)); pynvml.nvmlShutdown()",
+    # The same two, timed after `import pynvml` (run before the clock starts): that import is most of
+    # NVML's cost and most of the process-to-process noise, and it is identical in both.
+    "[pynvml imported] nvmlInit + capability": "pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
+    "[pynvml imported] import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
 }
 
 
-def once(code: str) -> float:
-    p = subprocess.run([sys.executable, "-c", f"import time; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"], capture_output=True, text=True, check=True)
+def once(code: str, setup: str = "") -> float:
+    """Milliseconds ``code`` takes in a fresh interpreter, after ``setup`` (not timed)."""
+    p = subprocess.run([sys.executable, "-c", f"import time; {setup}; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"], capture_output=True, text=True, check=True)
     return float(p.stdout.strip().splitlines()[-1]) * 1000
 
 
@@ -29,7 +34,7 @@ def main(runs: int) -> None:
     samples: dict[str, list[float]] = {name: [] for name in SNIPPETS}
     for _ in range(runs):
         for name, code in SNIPPETS.items():
-            samples[name].append(once(code))
+            samples[name].append(once(code, "import pynvml" if name.startswith("[pynvml imported]") else "pass"))
     for name, xs in samples.items():
         q = statistics.quantiles(xs, n=4)
         print(f"{name:<58} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  min {min(xs):6.1f} (n={runs}, interleaved)")
@@ -41,6 +46,11 @@ def main(runs: int) -> None:
     paired = [b - a for a, b in zip(nvml, ours, strict=True)]
     print(f"first profile() over NVML's own cost: {statistics.median(ours) - statistics.median(nvml):+.1f} ms (difference of medians), "
           f"{statistics.median(paired):+.1f} ms (median of paired differences), {min(ours) - min(nvml):+.1f} ms (difference of minima)")
+    init = samples["[pynvml imported] nvmlInit + capability"]
+    after = samples["[pynvml imported] import hwprofile + profile(0)"]
+    pairs = [b - a for a, b in zip(init, after, strict=True)]
+    print(f"same, with pynvml imported before the clock starts: {statistics.median(after) - statistics.median(init):+.1f} ms (difference of medians), "
+          f"{statistics.median(pairs):+.1f} ms (median of paired differences), {min(after) - min(init):+.1f} ms (difference of minima)")
 
 
 if __name__ == "__main__":

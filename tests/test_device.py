@@ -199,3 +199,89 @@ def test_nvml_init_failure_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     device.clear_cache()
     det = device.detect({})
     assert det.devices == () and "Driver Not Loaded" in (det.reason or "")
+
+
+class ThreadRecordingNVML(FakeNVML):
+    """FakeNVML that records which thread starts NVML (a real probe would sit in the driver there)."""
+
+    def __init__(self, gpus: list[dict], **kw: object) -> None:
+        super().__init__(gpus, **kw)  # type: ignore[arg-type]
+        self.init_threads: list[str] = []
+
+    def nvmlInit(self) -> None:
+        import threading
+
+        self.init_threads.append(threading.current_thread().name)
+        super().nvmlInit()
+
+
+def _real_gpu_env(monkeypatch: pytest.MonkeyPatch, fake: FakeNVML) -> None:
+    import sys
+
+    import hwprofile
+
+    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    hwprofile.reset()
+
+
+def _probe_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "hwprofile-nvml-probe"]
+
+
+def test_first_profile_starts_nvml_beside_plugin_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hwprofile
+
+    fake = ThreadRecordingNVML(GPUS[:1])  # RTX PRO 4000, sm_120
+    _real_gpu_env(monkeypatch, fake)
+    p = hwprofile.profile(0)
+    assert p.device.name == "NVIDIA RTX PRO 4000" and p.plugin is not None and p.plugin.name == "sm120"
+    assert fake.init_threads == ["hwprofile-nvml-probe"] and fake.calls[-1] == "shutdown"
+    assert _probe_threads() == [], "the probe thread must be joined before profile() returns"
+    hwprofile.profile(0)
+    assert hwprofile.detect().devices[0].uuid == "GPU-aaaa" and fake.init_threads == ["hwprofile-nvml-probe"]  # cached
+
+
+def test_first_profile_reports_missing_gpu_before_a_broken_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hwprofile
+    from hwprofile import registry
+    from hwprofile.errors import PluginError
+
+    def broken(self: object) -> object:
+        raise PluginError("plugin 'x' failed to import")
+
+    _real_gpu_env(monkeypatch, ThreadRecordingNVML(GPUS, fail_init=True))
+    monkeypatch.setattr(registry.Registry, "load_entry_points", broken)
+    with pytest.raises(DeviceError, match="Driver Not Loaded"):
+        hwprofile.profile(0)
+    _real_gpu_env(monkeypatch, ThreadRecordingNVML(GPUS))
+    with pytest.raises(PluginError, match="failed to import"):
+        hwprofile.profile(0)
+    assert _probe_threads() == []
+
+
+def test_error_inside_the_probe_thread_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hwprofile
+
+    class Exploding(ThreadRecordingNVML):
+        def nvmlDeviceGetCount(self) -> int:
+            raise RuntimeError("driver returned garbage")
+
+    _real_gpu_env(monkeypatch, Exploding(GPUS))
+    with pytest.raises(RuntimeError, match="driver returned garbage"):
+        hwprofile.profile(0)
+    assert _probe_threads() == []
+
+
+def test_simulated_or_cached_detection_starts_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    wait = device.detect_in_background()
+    assert _probe_threads() == [] and wait().devices[0].name == "NVIDIA H200"
+    fake = ThreadRecordingNVML(GPUS)
+    _real_gpu_env(monkeypatch, fake)
+    device.detect()
+    device.detect_in_background()()
+    assert fake.init_threads == ["MainThread"]

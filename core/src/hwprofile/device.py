@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from ._log import get_logger
@@ -100,15 +100,71 @@ class Detection(NamedTuple):
         return self.devices[index]
 
 
+_Key = tuple[str | None, str | None, str | None]
+_detections: dict[_Key, Detection] = {}
+
+
+def _key(environ: Mapping[str, str] | None) -> _Key:
+    env = os.environ if environ is None else environ
+    return env.get(SIMULATE_ENV), env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
+
+
 def detect(environ: Mapping[str, str] | None = None) -> Detection:
     """Detect the visible devices (cached per relevant environment), honouring the simulation variable."""
-    env = os.environ if environ is None else environ
-    key = tuple(env.get(k) for k in (SIMULATE_ENV, "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"))
-    return _detect_cached(*key)
+    key = _key(environ)
+    found = _detections.get(key)
+    if found is None:
+        found = _detections[key] = _detect(*key)
+    return found
 
 
-@functools.lru_cache(maxsize=16)
-def _detect_cached(simulate: str | None, visible: str | None, order: str | None) -> Detection:
+def detect_in_background(environ: Mapping[str, str] | None = None) -> Callable[[], Detection]:
+    """Start :func:`detect` and return a function that waits for its result (or its exception).
+
+    NVML's start-up spends most of its 15-20 ms inside the driver with the GIL released
+    (``nvmlInit``, the first device handle, ``nvmlShutdown``), so ``profile()`` loads the plugins
+    meanwhile. ``pynvml`` is imported here, in the calling thread: importing is Python work that
+    would only contend for the GIL. Nothing to wait for (cached, simulated, no nvidia-ml-py, no
+    threads) means detecting at once. The caller must call the returned function, so that no
+    thread outlives it (a process may fork right after).
+    """
+    key = _key(environ)
+    if key in _detections or key[0]:
+        return _done(detect(environ))
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return _done(detect(environ))
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            box["detection"] = _detect(*key)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=probe, name="hwprofile-nvml-probe", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # interpreter shutting down, or no more threads
+        return _done(detect(environ))
+
+    def wait() -> Detection:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return _detections.setdefault(key, box["detection"])
+
+    return wait
+
+
+def _done(detection: Detection) -> Callable[[], Detection]:
+    return lambda: detection
+
+
+def _detect(simulate: str | None, visible: str | None, order: str | None) -> Detection:
     if simulate:
         return simulated_detection(simulate)
     raw, reason = _probe_nvml()
@@ -124,7 +180,7 @@ def _detect_cached(simulate: str | None, visible: str | None, order: str | None)
 
 def clear_cache() -> None:
     """Forget detected devices (tests, or after changing the environment)."""
-    _detect_cached.cache_clear()
+    _detections.clear()
     _driver_attributes.cache_clear()
 
 

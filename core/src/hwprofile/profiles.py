@@ -149,11 +149,37 @@ def profile(device: int | None = None) -> Profile:
         cached = _profiles.get(index)
         if cached is not None:
             return cached
-        info = _device.detect().device(index)
-        prof = build_profile(info, registry(), os.environ)
+        info, reg = _device_and_registry(index)
+        prof = build_profile(info, reg, os.environ)
         _profiles[index] = prof
         log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, info.name, prof.plugin and prof.plugin.name, prof.fingerprint)
         return prof
+
+
+def _device_and_registry(index: int) -> tuple[_device.DeviceInfo, Registry]:
+    """Device ``index`` and the plugin registry.
+
+    On the first call NVML starts in a helper thread (:func:`hwprofile.device.detect_in_background`)
+    while this thread imports and registers the plugins: the two do not depend on each other, and
+    NVML's start-up is mostly time spent in the driver, so a first ``profile()`` costs little more
+    than NVML's own start (benchmarks/RESULTS.md, "Start-up").
+    """
+    if _registry is not None:
+        return _device.detect().device(index), _registry
+    wait = _device.detect_in_background()
+    error: Exception | None = None
+    try:
+        try:
+            reg = registry()
+            import hashlib  # noqa: F401 - resolving needs it (digests, fingerprint): import it while NVML starts
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after a missing device is reported (as when detection ran first)
+            error = exc
+    finally:
+        detection = wait()  # joins the probe thread, also on KeyboardInterrupt
+    info = detection.device(index)
+    if error is not None:
+        raise error
+    return info, reg
 
 
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:
