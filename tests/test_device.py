@@ -43,7 +43,7 @@ def test_comma_list_simulates_mixed_host() -> None:
 
 
 def test_no_gpu_is_a_clean_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device, "_probe_nvml", lambda: ([], "NVML could not start (Driver Not Loaded)"))
+    monkeypatch.setattr(device, "_probe_nvml", lambda on_read=None: ([], "NVML could not start (Driver Not Loaded)"))
     device.clear_cache()
     det = device.detect({})
     assert det.devices == () and "NVML" in (det.reason or "")
@@ -85,7 +85,7 @@ def test_visible_devices_indices_uuids_and_stop_at_invalid() -> None:
 
 
 def test_visible_devices_renumber(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device, "_probe_nvml", lambda: (MIXED, None))
+    monkeypatch.setattr(device, "_probe_nvml", lambda on_read=None: (MIXED, None))
     device.clear_cache()
     det = device.detect({"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert [(d.index, d.name) for d in det.devices] == [(0, "gpu1")]
@@ -278,10 +278,43 @@ def test_error_inside_the_probe_thread_reaches_the_caller(monkeypatch: pytest.Mo
 
 def test_simulated_or_cached_detection_starts_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
-    wait = device.detect_in_background()
-    assert _probe_threads() == [] and wait().devices[0].name == "NVIDIA H200"
+    pending = device.detect_in_background()
+    assert _probe_threads() == [] and pending.result().devices[0].name == "NVIDIA H200"
+    pending.close()
     fake = ThreadRecordingNVML(GPUS)
     _real_gpu_env(monkeypatch, fake)
     device.detect()
-    device.detect_in_background()()
+    device.detect_in_background().result()
     assert fake.init_threads == ["MainThread"]
+
+
+def test_devices_are_ready_before_nvml_shuts_down(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    class SlowShutdown(ThreadRecordingNVML):
+        def __init__(self, gpus: list[dict], fail: bool = False) -> None:
+            super().__init__(gpus)
+            self.release, self.fail = threading.Event(), fail
+
+        def nvmlShutdown(self) -> None:
+            assert self.release.wait(10)
+            super().nvmlShutdown()
+            if self.fail:
+                raise RuntimeError("teardown went wrong")
+
+    fake = SlowShutdown(GPUS[:1])
+    _real_gpu_env(monkeypatch, fake)
+    pending = device.detect_in_background()
+    assert pending.result().devices[0].uuid == "GPU-aaaa" and "shutdown" not in fake.calls  # the teardown still waits
+    fake.release.set()
+    pending.close()
+    assert fake.calls == ["shutdown"] and _probe_threads() == [] and device.detect().devices[0].uuid == "GPU-aaaa"
+
+    failing = SlowShutdown(GPUS[:1], fail=True)
+    _real_gpu_env(monkeypatch, failing)
+    failing.release.set()
+    pending = device.detect_in_background()
+    assert pending.result().devices[0].name == "NVIDIA RTX PRO 4000"
+    with caplog.at_level("WARNING", logger="hwprofile.device"):
+        pending.close()
+    assert "teardown went wrong" in caplog.text

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .hookspecs import hookimpl
-
 __version__ = "0.1.0"
 
 _LAZY = {
+    "hookimpl": "hookspecs",
     "profile": "profiles",
     "reset": "profiles",
     "Profile": "profiles",
@@ -60,6 +59,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from .device import DeviceInfo, detect
     from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
+    from .hookspecs import hookimpl
     from .kernelspec import KernelSpec, Launch
     from .profiles import Profile, profile, reset
     from .registry import ArchSpec, PluginInfo

@@ -118,64 +118,98 @@ def detect(environ: Mapping[str, str] | None = None) -> Detection:
     return found
 
 
-def detect_in_background(environ: Mapping[str, str] | None = None) -> Callable[[], Detection]:
-    """Start :func:`detect` and return a function that waits for its result (or its exception).
+class PendingDetection:
+    """A :func:`detect` that may still be running in a helper thread (see :func:`detect_in_background`)."""
+
+    def __init__(self, key: _Key, done: Detection | None = None) -> None:
+        self._key, self._detection, self._error = key, done, None
+        self._thread: Any = None
+        if done is not None:
+            return
+        import threading
+
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hwprofile-nvml-probe", daemon=True)
+        self._thread.start()
+
+    def _publish(self, detection: Detection) -> None:
+        self._detection = detection
+        self._ready.set()
+
+    def _run(self) -> None:
+        try:
+            detection = _detect(*self._key, publish=self._publish)
+            if self._detection is None:
+                self._publish(detection)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread by result() or close()
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def result(self) -> Detection:
+        """The detected devices, as soon as NVML has reported them (its teardown may still run)."""
+        if self._thread is not None:
+            self._ready.wait()
+        if self._detection is None:
+            assert self._error is not None
+            raise self._error
+        return _detections.setdefault(self._key, self._detection)
+
+    def close(self) -> None:
+        """Wait for the helper thread to end (NVML shut down); a teardown error is logged."""
+        if self._thread is not None:
+            self._thread.join()
+            if self._error is not None and self._detection is not None:
+                log.warning("NVML failed while shutting down after detection (%s: %s)", type(self._error).__name__, self._error)
+
+
+def detect_in_background(environ: Mapping[str, str] | None = None) -> PendingDetection:
+    """Start :func:`detect` in a helper thread; ``result()`` waits for the devices, ``close()`` for the thread.
 
     NVML's start-up spends most of its 15-20 ms inside the driver with the GIL released
     (``nvmlInit``, the first device handle, ``nvmlShutdown``), so ``profile()`` loads the plugins
-    meanwhile. ``pynvml`` is imported here, in the calling thread: importing is Python work that
-    would only contend for the GIL. Nothing to wait for (cached, simulated, no nvidia-ml-py, no
-    threads) means detecting at once. The caller must call the returned function, so that no
-    thread outlives it (a process may fork right after).
+    meanwhile, and resolves while NVML shuts down. ``pynvml`` is imported here, in the calling
+    thread: importing is Python work that would only contend for the GIL. Nothing to wait for
+    (cached, simulated, no nvidia-ml-py, no threads) means detecting at once. The caller must call
+    ``close()``, so that no thread outlives it (a process may fork right after).
     """
     key = _key(environ)
     if key in _detections or key[0]:
-        return _done(detect(environ))
+        return PendingDetection(key, detect(environ))
     try:
         import pynvml  # noqa: F401
     except ImportError:
-        return _done(detect(environ))
-    import threading
-
-    box: dict[str, Any] = {}
-
-    def probe() -> None:
-        try:
-            box["detection"] = _detect(*key)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=probe, name="hwprofile-nvml-probe", daemon=True)
+        return PendingDetection(key, detect(environ))
     try:
-        thread.start()
+        return PendingDetection(key)
     except RuntimeError:  # interpreter shutting down, or no more threads
-        return _done(detect(environ))
-
-    def wait() -> Detection:
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return _detections.setdefault(key, box["detection"])
-
-    return wait
+        return PendingDetection(key, detect(environ))
 
 
-def _done(detection: Detection) -> Callable[[], Detection]:
-    return lambda: detection
-
-
-def _detect(simulate: str | None, visible: str | None, order: str | None) -> Detection:
+def _detect(simulate: str | None, visible: str | None, order: str | None, publish: Callable[[Detection], None] | None = None) -> Detection:
+    """Detect for one environment key; ``publish`` gets the result before NVML's teardown."""
     if simulate:
         return simulated_detection(simulate)
-    raw, reason = _probe_nvml()
-    if not raw:
-        return Detection((), reason)
-    ordered = order_devices(raw, order)
-    chosen = apply_visible_devices(ordered, visible)
-    devices = tuple(_renumber(d, i) for i, d in enumerate(chosen))
-    if not devices:
-        return Detection((), f"CUDA_VISIBLE_DEVICES={visible!r} hides all {len(raw)} GPU(s)")
-    return Detection(devices)
+
+    def finish(raw: list[_Raw], reason: str | None) -> Detection:
+        if not raw:
+            return Detection((), reason)
+        ordered = order_devices(raw, order)
+        chosen = apply_visible_devices(ordered, visible)
+        devices = tuple(_renumber(d, i) for i, d in enumerate(chosen))
+        if not devices:
+            return Detection((), f"CUDA_VISIBLE_DEVICES={visible!r} hides all {len(raw)} GPU(s)")
+        return Detection(devices)
+
+    early: list[Detection] = []
+
+    def on_read(raw: list[_Raw]) -> None:
+        early.append(finish(raw, None))
+        assert publish is not None
+        publish(early[0])
+
+    raw, reason = _probe_nvml(on_read if publish is not None else None)
+    return early[0] if early else finish(raw, reason)
 
 
 def clear_cache() -> None:
@@ -265,8 +299,9 @@ def apply_visible_devices(ordered: list[DeviceInfo], visible: str | None) -> lis
 # --- NVML -------------------------------------------------------------------------------------------
 
 
-def _probe_nvml() -> tuple[list[_Raw], str | None]:
-    """Read every GPU through NVML. Never raises: returns ``([], reason)`` when there is none."""
+def _probe_nvml(on_read: Callable[[list[_Raw]], None] | None = None) -> tuple[list[_Raw], str | None]:
+    """Read every GPU through NVML: ``([], reason)`` when there is none. NVML errors are reasons,
+    never exceptions. ``on_read`` gets the devices before ``nvmlShutdown`` (about 3 ms)."""
     try:
         import pynvml
     except ImportError:
@@ -302,6 +337,8 @@ def _probe_nvml() -> tuple[list[_Raw], str | None]:
             if several:
                 info = info._replace(**_slow_facts(pynvml, h))
             raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if several else None))
+        if on_read is not None:
+            on_read(raw)
         return raw, None
     except pynvml.NVMLError as exc:
         return [], f"NVML failed while listing GPUs ({_nvml_reason(exc)})"

@@ -14,14 +14,15 @@ import threading
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import device as _device
 from ._log import get_logger
 from .errors import PluginError, SettingError
-from .registry import PluginInfo, Registry, Selection
-from .registry import clear_cache as clear_registry_cache
-from .settings import CORE_SETTINGS, EnvDefault, ResolvedEnvDefault, ResolvedSetting, SettingsResolver, apply_env_defaults
+
+if TYPE_CHECKING:  # imported inside functions: a first profile() loads them while NVML starts (_first_profile)
+    from .registry import PluginInfo, Registry, Selection
+    from .settings import ResolvedEnvDefault, ResolvedSetting, SettingsResolver
 
 log = get_logger(__name__)
 
@@ -80,6 +81,8 @@ class Profile(_ProfileFields):
 
     def apply_env(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
         """Write env defaults the user did not set into ``environ`` (default ``os.environ``); return them."""
+        from .settings import apply_env_defaults
+
         written = apply_env_defaults(self.env_defaults, environ)
         if written:
             log.info("hwprofile %s applied env defaults: %s", self.fingerprint, written)
@@ -117,6 +120,8 @@ def registry() -> Registry:
     global _registry
     with _lock:
         if _registry is None:
+            from .registry import Registry
+
             _registry = Registry().load_entry_points()
         return _registry
 
@@ -128,7 +133,8 @@ def reset() -> None:
         _registry = None
         _profiles.clear()
         _device.clear_cache()
-        clear_registry_cache()
+        if "hwprofile.registry" in sys.modules:
+            sys.modules["hwprofile.registry"].clear_cache()
 
 
 def _current_device_index() -> int:
@@ -149,37 +155,37 @@ def profile(device: int | None = None) -> Profile:
         cached = _profiles.get(index)
         if cached is not None:
             return cached
-        info, reg = _device_and_registry(index)
-        prof = build_profile(info, reg, os.environ)
+        if _registry is not None:
+            prof = build_profile(_device.detect().device(index), _registry, os.environ)
+        else:
+            prof = _first_profile(index)
         _profiles[index] = prof
-        log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, info.name, prof.plugin and prof.plugin.name, prof.fingerprint)
+        log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint)
         return prof
 
 
-def _device_and_registry(index: int) -> tuple[_device.DeviceInfo, Registry]:
-    """Device ``index`` and the plugin registry.
+def _first_profile(index: int) -> Profile:
+    """The first profile of the process, with NVML's start-up overlapped.
 
-    On the first call NVML starts in a helper thread (:func:`hwprofile.device.detect_in_background`)
-    while this thread imports and registers the plugins: the two do not depend on each other, and
-    NVML's start-up is mostly time spent in the driver, so a first ``profile()`` costs little more
-    than NVML's own start (benchmarks/RESULTS.md, "Start-up").
+    NVML starts in a helper thread (:func:`hwprofile.device.detect_in_background`) while this
+    thread imports and registers the plugins: the two do not depend on each other, and NVML's
+    start-up is mostly time spent in the driver. Resolving then overlaps NVML's teardown. So a
+    first ``profile()`` costs little more than NVML's own start (benchmarks/RESULTS.md, "Start-up").
     """
-    if _registry is not None:
-        return _device.detect().device(index), _registry
-    wait = _device.detect_in_background()
-    error: Exception | None = None
+    probe = _device.detect_in_background()
     try:
+        error: Exception | None = None
         try:
             reg = registry()
             import hashlib  # noqa: F401 - resolving needs it (digests, fingerprint): import it while NVML starts
         except Exception as exc:  # noqa: BLE001 - re-raised below, after a missing device is reported (as when detection ran first)
             error = exc
+        info = probe.result().device(index)
+        if error is not None:
+            raise error
+        return build_profile(info, reg, os.environ)
     finally:
-        detection = wait()  # joins the probe thread, also on KeyboardInterrupt
-    info = detection.device(index)
-    if error is not None:
-        raise error
-    return info, reg
+        probe.close()  # no thread outlives profile(): the process may fork next
 
 
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:
@@ -190,6 +196,8 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         from .kernelspec import collect_kernels
 
         kernels = collect_kernels(reg, selection, info)
+
+    from .settings import CORE_SETTINGS, EnvDefault, ResolvedEnvDefault, SettingsResolver
 
     resolver = SettingsResolver()
     resolver.declare(CORE_SETTINGS, by="hwprofile core")
