@@ -160,7 +160,11 @@ class PendingDetection:
         if self._thread is not None:
             self._thread.join()
             if self._error is not None and self._detection is not None:
-                log.warning("NVML failed while shutting down after detection (%s: %s)", type(self._error).__name__, self._error)
+                log.warning(
+                    "NVML failed while shutting down after detection (%s: %s); the devices it reported are used. "
+                    "If NVML misbehaves later in this process, check the driver with 'hwprofile doctor'",
+                    type(self._error).__name__, self._error,
+                )
 
 
 def detect_in_background(environ: Mapping[str, str] | None = None) -> PendingDetection:
