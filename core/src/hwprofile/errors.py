@@ -32,3 +32,7 @@ class KernelCompileError(KernelError):
 
 class ToolchainError(KernelError):
     """NVRTC, the CUDA headers or the driver are missing or too old for the target."""
+
+
+class CacheError(KernelError):
+    """The kernel cache cannot be used (a shared, foreign or unusable directory, a bad HWPROFILE_CACHE)."""

@@ -12,13 +12,40 @@ import re
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .errors import PluginError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from .device import DeviceInfo
-    from .registry import Registry, Selection
+
+
+class _Plugin(Protocol):
+    """What :func:`collect_kernels` reads of a ``registry.PluginInfo`` (a protocol, so this module
+    imports nothing of the registry and no import circle runs through it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def distribution(self) -> str | None: ...
+    @property
+    def version(self) -> str | None: ...
+    @property
+    def label(self) -> str: ...
+
+
+class _Selection(Protocol):
+    @property
+    def plugin(self) -> Any: ...
+    @property
+    def target(self) -> str | None: ...
+
+
+class _Registry(Protocol):
+    def call_layers(self, hook: str, participants: Iterable[Any], **kwargs: Any) -> Iterable[tuple[Any, Any]]: ...
+    def participants(self, selected: Any, hook: str) -> list[Any]: ...
 
 OWN_INCLUDE = str(Path(__file__).parent / "include")
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
@@ -74,21 +101,22 @@ class KernelSpec(NamedTuple):
         enough for the profile fingerprint, and it imports nothing CUDA.
         """
         if with_cuda_headers:
-            from .jit import include_dirs
+            from .toolchain import include_dirs
 
             dirs: Sequence[str] = include_dirs()
         else:
             dirs = (OWN_INCLUDE,)
-        return _source_digest(str(self.source_path()), tuple(dirs))
+        return _source_digest(str(self.source_path()), (*dirs, *option_values(self.options, "-I", "--include-path", glued=True)))
 
     def describe(self) -> dict[str, Any]:
         return {"op": self.op, "plugin": self.plugin, "package": self.package, "source": self.source, "instances": len(self.instances), "doc": self.doc}
 
 
-def collect_kernels(reg: Registry, selection: Selection, info: DeviceInfo) -> dict[str, KernelSpec]:
+def collect_kernels(reg: _Registry, selection: _Selection, info: DeviceInfo) -> dict[str, KernelSpec]:
     """Kernel specs for a device: the selected arch plugin's, then downstream ones (higher wins by op)."""
     assert selection.target is not None
     out: dict[str, KernelSpec] = {}
+    p: _Plugin
     for p, specs in reg.call_layers("hwprofile_kernels", reg.participants(selection.plugin, "hwprofile_kernels"), device=info, target=selection.target):
         for spec in specs or ():
             if not isinstance(spec, KernelSpec):
@@ -115,6 +143,24 @@ def _package_dir(package: str) -> Path | None:
     from importlib import resources
 
     return Path(str(resources.files(package)))
+
+
+def option_values(options: Sequence[str], short: str, long: str, *, glued: bool) -> list[str]:
+    """Values of ``short v`` / ``long v`` / ``long=v`` (and ``-Xv`` if ``glued``) in an NVRTC option list."""
+    out, it = [], iter(options)
+    for o in it:
+        if o in (short, long):
+            out.append(next(it, ""))
+        elif o.startswith(long + "="):
+            out.append(o[len(long) + 1 :])
+        elif glued and o.startswith(short):
+            out.append(o[len(short) :])
+    return [v for v in out if v]
+
+
+def clear_cache() -> None:
+    """Forget source digests (``hwprofile.reset()`` calls it, so an edited kernel is hashed again)."""
+    _source_digest.cache_clear()
 
 
 def _resolve_include(name: str, dirs: Sequence[str]) -> Path | None:

@@ -133,8 +133,10 @@ def reset() -> None:
         _registry = None
         _profiles.clear()
         _device.clear_cache()
-        if "hwprofile.registry" in sys.modules:
-            sys.modules["hwprofile.registry"].clear_cache()
+        # every process-level memo of the kernel pipeline too, so an edited kernel is hashed again
+        for name in ("hwprofile.registry", "hwprofile.settings", "hwprofile.jit", "hwprofile.toolchain", "hwprofile.kcache", "hwprofile.launch", "hwprofile.kernelspec"):
+            if name in sys.modules:
+                sys.modules[name].clear_cache()
 
 
 def _current_device_index() -> int:
@@ -197,13 +199,14 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
 
         kernels = collect_kernels(reg, selection, info)
 
-    from .settings import CORE_SETTINGS, EnvDefault, ResolvedEnvDefault, SettingsResolver
+    from .settings import CORE_SETTINGS, EnvDefault, ResolvedEnvDefault, SettingsResolver, check_env_default, check_environment
 
     resolver = SettingsResolver()
     resolver.declare(CORE_SETTINGS, by="hwprofile core")
     for p, decl in reg.call_layers("hwprofile_declare_settings", reg.participants(selection.plugin, "hwprofile_declare_settings")):
         if decl is not None:
             resolver.declare(decl, by=p.label, namespace=p.name)
+    check_environment(environ, (s.env_var for s in resolver.declared.values()))
     staleness = _Staleness(info, selection, kernels)
     participants = reg.participants(selection.plugin, "hwprofile_settings")
     for p in participants:
@@ -224,6 +227,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         if not isinstance(out, Mapping):
             raise PluginError(f"plugin {p.label}: hwprofile_env_defaults must return a dict of name -> EnvDefault")
         for name, d in out.items():
+            check_env_default(name, getattr(d, "value", None), who=f"plugin {p.label}")
             if not isinstance(d, EnvDefault) or not isinstance(d.value, str):
                 raise PluginError(
                     f"plugin {p.label}: env default {name!r} must be hwprofile.EnvDefault(value=str, reason=...), got {d!r}"

@@ -302,6 +302,12 @@ class SettingsResolver:
                 raise SettingError(f"{by} declared {s.key!r} outside its namespace: plugin settings must start with '{namespace}.'")
             if s.key in self.declared:
                 raise SettingError(f"setting {s.key!r} is declared twice: by {self.declared_by[s.key]} and by {by}")
+            clash = next((k for k, d in self.declared.items() if d.env_var == s.env_var), None)
+            if clash is not None:
+                raise SettingError(
+                    f"settings {clash!r} (declared by {self.declared_by[clash]}) and {s.key!r} (declared by {by}) "
+                    f"would both be set by {s.env_var}; rename one of them"
+                )
             self.declared[s.key] = s
             self.declared_by[s.key] = by
             self.chains[s.key] = [Layer("core" if namespace is None else "declared", by, s.default, "declared default")]
@@ -356,3 +362,81 @@ def apply_env_defaults(
             env[name] = d.value
             written[name] = d.value
     return written
+
+
+# --- control variables and typos -----------------------------------------------------------------
+
+#: hwprofile's variables that are not settings, and what each accepts (docs/architecture.md lists them).
+CONTROL_VARS: dict[str, str] = {
+    "HWPROFILE_PLUGIN": "the name of an installed architecture plugin (pins it)",
+    "HWPROFILE_PLUGIN_FORCE": "on/off: let HWPROFILE_PLUGIN pin a plugin that does not claim the device",
+    "HWPROFILE_DISABLE_PLUGINS": "comma-separated names of installed plugins",
+    "HWPROFILE_DEVICE": "comma-separated catalog names of simulated devices",
+    "HWPROFILE_CACHE": "on/off (1/0, true/false, yes/no): the on-disk kernel cache",
+    "HWPROFILE_CACHE_DIR": "a private directory for the kernel cache",
+    "HWPROFILE_CONFIG_DIR": "a directory holding tuned/<device>/*.toml",
+    "HWPROFILE_TUNED_FILE": "tuned-threshold files, separated by the path separator",
+}
+#: Control variables that are on/off switches, with their default.
+SWITCHES: dict[str, bool] = {"HWPROFILE_CACHE": True, "HWPROFILE_PLUGIN_FORCE": False}
+SWITCH_VALUES = "1/0, true/false, yes/no, on/off"
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_switch(environ: Mapping[str, str], var: str, *, default: bool) -> bool:
+    """An on/off control variable: absent means ``default``; a value outside :data:`SWITCH_VALUES` is an error."""
+    raw = environ.get(var)
+    if raw is None:
+        return default
+    t = raw.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise SettingError(f"{var}={raw!r} is not valid: expected one of {SWITCH_VALUES} (unset it for the default, {'on' if default else 'off'})")
+
+
+_warned_vars: set[str] = set()
+
+
+def check_environment(environ: Mapping[str, str], setting_vars: Iterable[str]) -> list[str]:
+    """Reject invalid control values; warn once per unknown ``HWPROFILE_*`` variable, naming the closest known one.
+
+    Returns the warnings given now (for tests). ``setting_vars`` are the env names of every declared setting.
+    """
+    import difflib
+
+    from ._log import get_logger
+
+    for var, default in SWITCHES.items():
+        parse_switch(environ, var, default=default)
+    known = sorted({*CONTROL_VARS, *setting_vars})
+    given = []
+    for name in sorted(environ):
+        if not name.startswith("HWPROFILE_") or name in known or name in _warned_vars:
+            continue
+        _warned_vars.add(name)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "no hwprofile setting or control variable has that name"
+        msg = f"hwprofile: unknown environment variable {name} is ignored; {hint} (hwprofile show lists every setting)"
+        get_logger(__name__).warning(msg)
+        given.append(msg)
+    return given
+
+
+def check_env_default(name: Any, value: Any, *, who: str) -> None:
+    """An env default a plugin proposes must be safe to ``export``: a strict identifier, a string value without NUL."""
+    if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+        raise SettingError(
+            f"{who} proposes an env default named {name!r}, which is not a valid variable name "
+            "(letters, digits and _, not starting with a digit)"
+        )
+    if name.startswith("HWPROFILE_"):
+        raise SettingError(f"{who} proposes an env default for {name}: hwprofile's own variables are the user's; return settings instead")
+    if isinstance(value, str) and "\0" in value:
+        raise SettingError(f"{who}: env default {name} contains a NUL character, which no environment can hold")
+
+
+def clear_cache() -> None:
+    """Forget which unknown variables were warned about (``hwprofile.reset()`` calls it)."""
+    _warned_vars.clear()
