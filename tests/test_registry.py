@@ -70,8 +70,12 @@ def test_two_claims_is_an_error_naming_both() -> None:
     assert pinned.select(H200).plugin.name == "b"
 
 
-def test_pin_that_does_not_claim_warns(caplog: pytest.LogCaptureFixture) -> None:
+def test_pin_that_does_not_claim_is_an_error_unless_forced(caplog: pytest.LogCaptureFixture) -> None:
     reg = Registry({"HWPROFILE_PLUGIN": "a"})
+    reg.register(arch_plugin({(9, 0): "sm_90a"}), "a")
+    with pytest.raises(PluginError, match="does not claim sm_89.*HWPROFILE_PLUGIN_FORCE=1"):
+        reg.select(L40S)
+    reg = Registry({"HWPROFILE_PLUGIN": "a", "HWPROFILE_PLUGIN_FORCE": "1"})
     reg.register(arch_plugin({(9, 0): "sm_90a"}), "a")
     sel = reg.select(L40S)
     assert sel.plugin.name == "a" and sel.target == "sm_90a"

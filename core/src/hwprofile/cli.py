@@ -95,15 +95,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                     sel.append(d.index)
             except HwprofileError:
                 pass
-        out.append({**p.as_dict(), "selected_for_devices": sel})
+        secs = reg.import_seconds.get(p.name)
+        out.append({**p.as_dict(), "selected_for_devices": sel, "import_ms": round(1e3 * secs, 2) if secs is not None else None})
     if args.json:
         print(json.dumps({"plugins": out, "disabled": reg.disabled, "devices": [d.as_dict() for d in det.devices]}, indent=2))
         return 0
     rows = []
     for o in out:
         claims = ", ".join(f"{c}->{t}" for c, t in o["targets"].items()) or "(downstream: every profile)"
-        rows.append([o["name"], f"{o['distribution']} {o['version']}", claims, ",".join(map(str, o["selected_for_devices"])) or "-"])
-    print(_table(rows, ["plugin", "distribution", "claims", "selected for device"]) if rows else "no hwprofile plugins installed")
+        ms = f"{o['import_ms']:.1f}" if o["import_ms"] is not None else "-"
+        rows.append([o["name"], f"{o['distribution']} {o['version']}", claims, ",".join(map(str, o["selected_for_devices"])) or "-", ms])
+    print(_table(rows, ["plugin", "distribution", "claims", "selected for device", "import ms"]) if rows else "no hwprofile plugins installed")
     if reg.disabled:
         print(f"disabled by HWPROFILE_DISABLE_PLUGINS: {', '.join(reg.disabled)}")
     for d in det.devices:
@@ -179,6 +181,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     reg = registry()
     wanted = None if args.arch in (None, "all") else {a.strip() for a in args.arch.split(",") if a.strip()}
+    if wanted is not None and not wanted:
+        raise HwprofileError(f"--arch {args.arch!r} names no target; give targets like sm_90a,sm_100a, or 'all'")
     work = []
     for p in reg.arch_plugins:
         assert p.arch is not None
@@ -229,16 +233,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from . import jit
+    import stat
 
-    d = jit.cache_dir(create=False)
+    from . import kcache
+
     if args.action == "clear":
-        print(f"removed {jit.clear_cache()} entries from {d}")
+        report = kcache.clear()
+        print(f"removed {report.removed} entries from {report.path}")
+        for note in report.skipped:
+            print(f"  left alone: {note}")
         return 0
-    entries = list(d.glob("*.cubin")) if d.exists() else []
-    size = sum(p.stat().st_size for p in entries)
-    print(f"cache: {d} ({'enabled' if jit.cache_enabled() else 'disabled by HWPROFILE_CACHE=off'})")
-    print(f"entries: {len(entries)}, {size / 1024:.0f} KiB")
+    enabled = kcache.cache_enabled()
+    opened = kcache.open_dir(create=False)
+    n = size = 0
+    d = kcache.cache_dir()
+    if opened is not None:
+        dfd, d = opened
+        try:
+            for name in os.listdir(dfd):
+                if name.endswith(".cubin"):
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        n, size = n + 1, size + st.st_size
+        finally:
+            os.close(dfd)
+    print(f"cache: {d} ({'enabled' if enabled else 'disabled by HWPROFILE_CACHE=off'})")
+    print(f"entries: {n}, {size / 1024:.0f} KiB")
     return 0
 
 
@@ -351,21 +371,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "simulate", None):
-        os.environ["HWPROFILE_DEVICE"] = args.simulate
-        from .profiles import reset
+TRACEBACK_ENV = "HWPROFILE_TRACEBACK"
 
-        reset()
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Bad input or a broken environment ends in one line on stderr and a non-zero exit:
+    2 for a hwprofile error (bad name, plugin, setting, kernel), 1 for the system refusing (full disk,
+    unwritable path), 3 for anything unexpected (a bug: ``HWPROFILE_TRACEBACK=1`` shows where)."""
+    args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args))
-    except HwprofileError as exc:
-        print(f"hwprofile: error: {exc}", file=sys.stderr)
-        return 2
+        if getattr(args, "simulate", None):
+            os.environ["HWPROFILE_DEVICE"] = args.simulate
+            from .profiles import reset
+
+            reset()
+        code = int(args.fn(args))
+        sys.stdout.flush()  # a full disk or a closed pipe shows up here, not at exit
+        return code
     except BrokenPipeError:  # `hwprofile show | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         return 0
+    except HwprofileError as exc:
+        return _fail(f"error: {exc}", 2)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        if exc.filename is None:
+            _silence_stdout()  # most likely stdout itself failed (a full disk): do not fail again at exit
+        return _fail(f"error: {exc.strerror or exc}{where}; check the path, its permissions and free space", 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as exc:  # noqa: BLE001 - a bug must still not greet the user with a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {TRACEBACK_ENV}=1 to see where", 3)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _fail(msg: str, code: int) -> int:
+    try:
+        print(f"hwprofile: {msg}", file=sys.stderr)
+    except OSError:
+        pass
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -26,8 +28,36 @@ log = get_logger(__name__)
 
 ENTRY_POINT_GROUP = "hwprofile.plugins"
 PIN_ENV = "HWPROFILE_PLUGIN"
+FORCE_ENV = "HWPROFILE_PLUGIN_FORCE"
 DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
+#: A plugin whose import takes longer than this gets a warning naming it (every process pays it).
+SLOW_IMPORT_S = 1.0
+
+_activity = threading.local()
+
+
+def current_activity() -> str | None:
+    """What this thread is doing inside a plugin right now ("importing plugin X (...)"), or None.
+
+    ``profile()`` asks, so a plugin calling it during its own import or from a hook gets an error
+    naming the plugin instead of a second, different profile or an endless recursion.
+    """
+    stack = getattr(_activity, "stack", None)
+    return stack[-1] if stack else None
+
+
+class _Doing:
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        if not hasattr(_activity, "stack"):
+            _activity.stack = []
+        _activity.stack.append(self.what)
+
+    def __exit__(self, *exc: object) -> None:
+        _activity.stack.pop()
 
 
 class EntryPoint(NamedTuple):
@@ -269,6 +299,8 @@ class Registry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
+        #: Seconds each entry-point plugin took to import and register (``hwprofile plugins`` shows them).
+        self.import_seconds: dict[str, float] = {}
         self.disabled: list[str] = [n.strip() for n in self.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
         for name in self.disabled:
             self.pm.set_blocked(name)
@@ -290,14 +322,31 @@ class Registry:
                 continue
             if ep.name in self.plugins:
                 continue
-            try:
-                obj = ep.load()
-            except Exception as exc:
-                raise PluginError(
-                    f"plugin {ep.name!r} ({ep.distribution} {ep.version}) failed to import {ep.value!r}: "
-                    f"{type(exc).__name__}: {exc}. Fix or reinstall it, or disable it with {DISABLE_ENV}={ep.name}"
-                ) from exc
-            self.register(obj, ep.name, distribution=ep.distribution, version=ep.version)
+            t0 = time.perf_counter()
+            with _Doing(f"importing plugin {ep.name} ({ep.distribution} {ep.version})"):
+                try:
+                    obj = ep.load()
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {ep.name!r} ({ep.distribution} {ep.version}) failed to import {ep.value!r}: "
+                        f"{type(exc).__name__}: {exc}. Fix or reinstall it, or disable it with {DISABLE_ENV}={ep.name}"
+                    ) from exc
+                self.register(obj, ep.name, distribution=ep.distribution, version=ep.version)
+            seconds = self.import_seconds[ep.name] = time.perf_counter() - t0
+            log.debug("plugin %s (%s %s) imported and registered in %.1f ms", ep.name, ep.distribution, ep.version, 1e3 * seconds)
+            if seconds > SLOW_IMPORT_S:
+                log.warning(
+                    "plugin %s (%s %s) took %.1f s to import; every process pays this on its first profile(). "
+                    "Make its module-level work lazy, or disable it with %s=%s", ep.name, ep.distribution, ep.version, seconds, DISABLE_ENV, ep.name,
+                )
+        unknown = [n for n in self.disabled if n not in seen]
+        if unknown:
+            log.warning(
+                "%s names %s, which no installed plugin is called; installed plugins: %s",
+                DISABLE_ENV, ", ".join(unknown), ", ".join(sorted(seen)) or "none",
+            )
         return self
 
     def register(self, obj: object, name: str, *, distribution: str | None = None, version: str | None = None) -> PluginInfo | None:
@@ -312,6 +361,12 @@ class Registry:
             self.pm.register(obj, name=name)
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"plugin {label} has an invalid hook implementation: {exc}. Compare it with hwprofile.hookspecs.") from exc
+        try:
+            self.pm.check_pending()  # a @hookimpl whose name matches no hook (a typo) would never be called
+        except pluggy.PluginValidationError as exc:
+            self.pm.unregister(name=name)
+            known = ", ".join(n for n in dir(hookspecs) if n.startswith("hwprofile_"))
+            raise PluginError(f"plugin {label}: {exc}; it would never be called. Hooks are: {known}") from exc
         unknown = [h for h in self._hook_names(obj) if not hasattr(hookspecs, h)]
         if unknown:
             self.pm.unregister(name=name)
@@ -337,6 +392,13 @@ class Registry:
 
     @staticmethod
     def _validate_arch(info: PluginInfo, arch: ArchSpec) -> None:
+        if not isinstance(arch.targets, Mapping) or not arch.targets:
+            raise PluginError(
+                f"plugin {info.label}: ArchSpec targets must be a non-empty dict {{(major, minor): 'sm_XYa'}}, "
+                f"e.g. {{(9, 0): 'sm_90a'}}; got {type(arch.targets).__name__} {arch.targets!r:.80}"
+            )
+        if not isinstance(arch.description, str):
+            raise PluginError(f"plugin {info.label}: ArchSpec description must be a string, got {type(arch.description).__name__}")
         for cc, target in arch.targets.items():
             ok = isinstance(cc, tuple) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
             if not ok or not isinstance(target, str) or not _TARGET_RE.match(target):
@@ -353,7 +415,8 @@ class Registry:
         others = [p for p in self.pm.get_plugins() if p is not plugin]
         caller = self.pm.subset_hook_caller(hook, remove_plugins=others)
         try:
-            results = caller(**kwargs)
+            with _Doing(f"running {hook} of plugin {info.label}"):
+                results = caller(**kwargs)
         except PluginError:
             raise
         except Exception as exc:
@@ -389,7 +452,15 @@ class Registry:
                 raise PluginError(f"{PIN_ENV}={pin!r} is {state}; architecture plugins: {archs}")
             target = info.arch.target_for(cc)
             if target is None:
+                from .settings import parse_switch
+
                 target = info.arch.targets[info.arch.capabilities[-1]]
+                if not parse_switch(self.environ, FORCE_ENV, default=False):
+                    raise PluginError(
+                        f"{PIN_ENV}={pin} pins {info.label}, which does not claim {device.sm} ({device.name}): its {target} "
+                        f"kernels cannot load there. Unset {PIN_ENV}, pin a plugin that claims {device.sm}, or set "
+                        f"{FORCE_ENV}=1 to use it anyway (settings only; kernels will fail and fall back)"
+                    )
                 log.warning(
                     "%s=%s pins a plugin that does not claim %s (%s); kernels will be built for %s",
                     PIN_ENV, pin, device.sm, device.name, target,
