@@ -113,11 +113,55 @@ class Profile(_ProfileFields):
 _lock = threading.RLock()
 _registry: Registry | None = None
 _profiles: dict[int, Profile] = {}
+#: How long a fork waits for another thread to finish resolving a profile before forking anyway.
+FORK_WAIT_S = 30.0
+_fork_held = False
+
+
+def _before_fork() -> None:
+    """Fork only between resolutions: wait for a thread inside profile() (bounded) so the child
+    inherits either no state or complete state, and a lock nobody in the child could release."""
+    global _fork_held
+    _fork_held = _lock.acquire(timeout=FORK_WAIT_S)
+
+
+def _after_fork_parent() -> None:
+    if _fork_held:
+        _lock.release()
+
+
+def _after_fork_child() -> None:
+    global _lock, _registry
+    if _fork_held:
+        _lock.release()  # the forking thread is the child's only thread, and owns the lock there too
+        return
+    # another thread was stuck inside profile() for FORK_WAIT_S: its lock and half-built state are
+    # unusable in the child, which starts over
+    _lock = threading.RLock()
+    _registry = None
+    _profiles.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
+
+
+def _refuse_reentry(what: str) -> None:
+    """A plugin calling back into hwprofile while it is being imported or run would get a second,
+    different profile or recurse forever: say which plugin did it instead."""
+    reg = sys.modules.get("hwprofile.registry")
+    doing = reg.current_activity() if reg is not None else None
+    if doing is not None:
+        raise PluginError(
+            f"hwprofile.{what} was called while {doing}; a plugin must not resolve profiles from its import "
+            "or its hooks (use the device and settings the hook receives)"
+        )
 
 
 def registry() -> Registry:
     """The process's plugin registry, loaded from entry points on first use."""
     global _registry
+    _refuse_reentry("registry()")
     with _lock:
         if _registry is None:
             from .registry import Registry
@@ -152,6 +196,7 @@ def _current_device_index() -> int:
 
 def profile(device: int | None = None) -> Profile:
     """The frozen profile of CUDA device ``device`` (default: the current one), cached per process."""
+    _refuse_reentry("profile()")
     index = _current_device_index() if device is None else int(device)
     with _lock:
         cached = _profiles.get(index)

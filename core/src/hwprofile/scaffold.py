@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import HwprofileError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_MAX_NAME = 64  # becomes a directory, a distribution and a module name: keep it well inside every filesystem's limit
 _TARGET = re.compile(r"^sm_\d{2,3}[af]?$")
 
 PYPROJECT = '''[build-system]
@@ -146,8 +147,9 @@ hwprofile architecture plugin for compute capability {major}.{minor} (NVRTC targ
 
 def files(name: str, capability: str, target: str | None = None) -> dict[str, str]:
     """The scaffold's files (relative path -> text) for plugin ``name`` serving ``capability``."""
-    if not _NAME.match(name):
-        raise HwprofileError(f"plugin name {name!r} is invalid: use lower-case letters, digits and _ (e.g. sm89)")
+    if not _NAME.match(name) or len(name) > _MAX_NAME:
+        shown = name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "..."
+        raise HwprofileError(f"plugin name {shown!r} is invalid: use at most {_MAX_NAME} lower-case letters, digits and _ (e.g. sm89)")
     m = re.fullmatch(r"(\d+)\.(\d)", capability.strip())
     if not m:
         raise HwprofileError(f"--capability {capability!r} is invalid: write major.minor, e.g. 8.9")
@@ -169,12 +171,18 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
 def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
     """Write the scaffold into ``directory`` (which must not exist or be empty)."""
     content = files(name, capability, target)
-    if directory.exists() and any(directory.iterdir()):
-        raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
-    out = []
-    for rel, text in content.items():
-        p = directory / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-        out.append(p)
+    if directory.exists() and not directory.is_dir():
+        raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")
+    try:
+        if directory.exists() and any(directory.iterdir()):
+            raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
+        out = []
+        for rel, text in content.items():
+            p = directory / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+            out.append(p)
+    except OSError as exc:
+        where = exc.filename or directory
+        raise HwprofileError(f"cannot write the plugin into {directory}: {exc.strerror or exc} ({where}); choose another --dir") from exc
     return out
