@@ -118,6 +118,8 @@ def collect_kernels(reg: _Registry, selection: _Selection, info: DeviceInfo) -> 
     out: dict[str, KernelSpec] = {}
     p: _Plugin
     for p, specs in reg.call_layers("hwprofile_kernels", reg.participants(selection.plugin, "hwprofile_kernels"), device=info, target=selection.target):
+        if specs is not None and (isinstance(specs, (str, bytes, dict)) or not hasattr(specs, "__iter__")):
+            raise PluginError(f"plugin {p.label}: hwprofile_kernels must return a list of hwprofile.KernelSpec, got {type(specs).__name__}")
         for spec in specs or ():
             if not isinstance(spec, KernelSpec):
                 raise PluginError(f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}")

@@ -295,6 +295,8 @@ class SettingsResolver:
 
     def declare(self, settings: Iterable[Setting], *, by: str, namespace: str | None = None) -> None:
         """Add declarations; ``namespace`` (a plugin name) restricts the keys a plugin may declare."""
+        if isinstance(settings, (str, bytes, Mapping)) or not isinstance(settings, Iterable):
+            raise SettingError(f"{by}: hwprofile_declare_settings must return a list of hwprofile.Setting, got {type(settings).__name__}")
         for s in settings:
             if not isinstance(s, Setting):
                 raise SettingError(f"{by} declared {s!r}, which is not a hwprofile.Setting")
