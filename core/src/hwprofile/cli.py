@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"error: {exc.strerror or exc}{where}; check the path, its permissions and free space", 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
-    except Exception as exc:  # noqa: BLE001 - a bug must still not greet the user with a traceback
+    except Exception as exc:
         if os.environ.get(TRACEBACK_ENV):
             raise
         return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {TRACEBACK_ENV}=1 to see where", 3)

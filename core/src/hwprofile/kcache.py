@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import toolchain
 from ._log import get_logger
 from .errors import CacheError, SettingError
-from . import toolchain
 from .toolchain import CompiledKernel, CompileOptions
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ def decode(data: bytes, key: str, target: str | None = None, expressions: Sequen
         and isinstance(meta.get("target"), str) and isinstance(meta.get("log", ""), str) and isinstance(lowered, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in lowered.items())
     )
-    if not ok:
+    if not ok or not isinstance(lowered, dict):
         return None, "has malformed metadata"
     if meta["key"] != key or key_of(meta["inputs"]) != key:
         return None, f"belongs to another key ({str(meta['key'])[:16]}...): it was misfiled or copied here"
