@@ -238,10 +238,15 @@ def test_stuck_lock_holder_is_named_and_then_ignored(pkg: Path, monkeypatch: pyt
     key = jit.cache_key(spec(pkg), "sm_90a", (EXPR,))
     lock_path = f"{entry(key)}.lock"
     jit.cache_dir()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import filelock, sys, time; l = filelock.FileLock({lock_path!r}); l.acquire(); print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )
+    code = textwrap.dedent(f"""
+        import time
+        from hwprofile import kcache
+        dfd, d = kcache.open_dir()
+        with kcache.entry_lock(dfd, d, {key!r}):
+            print("held", flush=True)
+            time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(kcache, "LOCK_NOTICE_S", 0.2)
@@ -252,7 +257,7 @@ def test_stuck_lock_holder_is_named_and_then_ignored(pkg: Path, monkeypatch: pyt
     finally:
         holder.kill()
         holder.wait()
-    assert f"waiting up to 1 s for the kernel cache lock {lock_path}" in caplog.text
+    assert f"waiting up to 1 s for the kernel cache lock {lock_path}, held by pid {holder.pid} on " in caplog.text
     assert "compiling without it" in caplog.text
     assert entry(key).is_file()  # the duplicate compile still filled the cache
 
@@ -366,3 +371,26 @@ def test_cache_files_are_private(pkg: Path) -> None:
     c = jit.compile_spec(spec(pkg), "sm_90a")
     assert stat.S_IMODE(entry(c.key).stat().st_mode) & 0o077 == 0
     assert stat.S_IMODE(entry(c.key).parent.stat().st_mode) == 0o700
+
+
+def test_ranks_of_one_host_compile_each_kernel_once(pkg: Path) -> None:
+    """Four processes asking for the same cold kernel at once: one compiles, three read its entry."""
+    jit.compile_spec(spec(pkg), "sm_90a", ("scale_kernel<7>",))  # warm the module path, not this key
+    root = str(Path(sys.modules["toy_cache_kernels"].__file__).parent.parent)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from hwprofile import jit
+        from hwprofile.kernelspec import KernelSpec
+        s = KernelSpec("toy", "toy_cache_kernels", "k.cu", (), None, options=("-I{pkg}",), plugin="toy", distribution_version="toy 1.0")
+        sys.stdin.readline()  # start together
+        print(jit.compile_spec(s, "sm_90a", ("{EXPR}",)).cached)
+    """)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    time.sleep(1.0)  # let them import
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs) and sorted(outs) == ["False", "True", "True", "True"]

@@ -114,7 +114,7 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str) -
         try:
             entry = kcache.read(dfd, dpath, key, target, exprs)
             if entry is None:
-                with kcache.entry_lock(dpath, key):
+                with kcache.entry_lock(dfd, dpath, key):
                     entry = kcache.read(dfd, dpath, key, target, exprs)  # another process may have finished it meanwhile
                     if entry is None:
                         entry = build()

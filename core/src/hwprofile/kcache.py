@@ -20,7 +20,7 @@ Rules (each has a test in ``tests/test_cache.py``):
   renamed over the entry. A write that fails (read-only directory, disk full, a directory in the
   way) is one warning: the kernel is still used, only not cached.
 * **Locks never wait silently.** A per-key lock avoids duplicate compiles by the ranks of one host;
-  after :data:`LOCK_NOTICE_S` a warning names the lock file, after :data:`LOCK_WAIT_S` the process
+  after :data:`LOCK_NOTICE_S` a warning names the lock file and its holder (pid, host), after :data:`LOCK_WAIT_S` the process
   compiles anyway (the atomic rename makes a duplicate harmless). A lock that cannot be used is a
   warning, never an error.
 * **Clearing is safe while others compile**: :func:`clear` removes entries and unheld locks, never
@@ -316,12 +316,50 @@ def write(dfd: int, dpath: Path, compiled: CompiledKernel, doc: Mapping[str, Any
         return False
 
 
+def _read_small(dfd: int, name: str, limit: int = 512) -> str | None:
+    """A short regular file's text, read without following links or blocking; None if not that."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, limit).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return "".join(c for c in text.strip() if c.isprintable())[:200] or None
+
+
+def _write_small(dfd: int, name: str, text: str) -> None:
+    import secrets
+
+    tmp = f"{name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+
+
 @contextlib.contextmanager
-def entry_lock(dpath: Path, key: str) -> Iterator[bool]:
-    """Hold the per-key lock around a compile; yields whether it is held. Never waits silently or forever."""
+def entry_lock(dfd: int, dpath: Path, key: str) -> Iterator[bool]:
+    """Hold the per-key lock around a compile; yields whether it is held. Never waits silently or forever.
+
+    The holder records itself in ``<entry>.owner`` (pid, host, start), so a waiting process can
+    say whom it waits for.
+    """
     import filelock
 
     path = dpath / (entry_name(key) + ".lock")
+    owner = entry_name(key) + ".owner"
     lock = filelock.FileLock(str(path), mode=0o600)
     held = False
     try:
@@ -329,24 +367,31 @@ def entry_lock(dpath: Path, key: str) -> Iterator[bool]:
             lock.acquire(timeout=LOCK_NOTICE_S)
             held = True
         except filelock.Timeout:
+            who = _read_small(dfd, owner) or "another process"
             log.warning(
-                "waiting up to %.0f s for the kernel cache lock %s: another process (another rank?) is compiling the same kernel",
-                LOCK_WAIT_S, path,
+                "waiting up to %.0f s for the kernel cache lock %s, held by %s (compiling the same kernel: another rank?)",
+                LOCK_WAIT_S, path, who,
             )
             try:
                 lock.acquire(timeout=max(0.0, LOCK_WAIT_S - LOCK_NOTICE_S))
                 held = True
             except filelock.Timeout:
                 log.warning(
-                    "kernel cache lock %s is still held after %.0f s; compiling without it (a duplicate compile is harmless). "
-                    "If no hwprofile process is running, delete the file", path, LOCK_WAIT_S,
+                    "kernel cache lock %s is still held by %s after %.0f s; compiling without it (a duplicate compile is harmless). "
+                    "If that process is gone, delete the lock file", path, who, LOCK_WAIT_S,
                 )
     except OSError as exc:
         _warn_once(f"{path}:lock", "cannot use the kernel cache lock %s (%s); compiling without it", path, exc.strerror or exc)
+    if held:
+        import socket
+
+        _write_small(dfd, owner, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
     try:
         yield held
     finally:
         if held:
+            with contextlib.suppress(OSError):
+                os.unlink(owner, dir_fd=dfd)
             with contextlib.suppress(OSError):
                 lock.release()
 
@@ -384,9 +429,10 @@ def clear(environ: Mapping[str, str] | None = None) -> ClearReport:
                         continue
                     os.unlink(name, dir_fd=dfd)
                     report.removed += 1
-                elif name.endswith(".tmp") and regular_or_link:
+                elif name.endswith((".tmp", ".owner")) and regular_or_link:
                     if now - st.st_mtime < TMP_MAX_AGE_S:
-                        report.skipped.append(f"{name}: a write in flight (younger than {TMP_MAX_AGE_S:.0f} s)")
+                        if name.endswith(".tmp"):
+                            report.skipped.append(f"{name}: a write in flight (younger than {TMP_MAX_AGE_S:.0f} s)")
                         continue
                     os.unlink(name, dir_fd=dfd)
                 elif name.endswith(".lock") and regular_or_link:
@@ -400,8 +446,9 @@ def clear(environ: Mapping[str, str] | None = None) -> ClearReport:
                         report.skipped.append(f"{name}: held by a process compiling now")
                         continue
                     try:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(name, dir_fd=dfd)
+                        for gone in (name, name[: -len(".lock")] + ".owner"):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(gone, dir_fd=dfd)
                     finally:
                         lock.release()
             except FileNotFoundError:

@@ -1,0 +1,84 @@
+"""Cache and toolchain faults through the op dispatch (CPU): one documented warning and the fallback,
+or, with strict mode, the error naming the cause. Nothing reaches the engine as a raw exception.
+
+``ops._run_kernel`` is the op's kernel branch; the launch-argument check needs CUDA tensors, so it
+is bypassed here: every fault below happens in ``jit.load`` before anything is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.bindings.nvrtc")
+
+import hwprofile  # noqa: E402
+from hwprofile import kcache, ops, toolchain  # noqa: E402
+from hwprofile.errors import KernelError, ToolchainError  # noqa: E402
+
+
+def _fault(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Set up one fault; return a phrase the warning must contain."""
+    if kind == "cache_dir_is_a_file":
+        f = tmp_path / "afile"
+        f.write_text("")
+        monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(f))
+        return "is not a directory"
+    if kind == "cache_dir_is_a_symlink":
+        (tmp_path / "real").mkdir(mode=0o700)
+        (tmp_path / "link").symlink_to(tmp_path / "real")
+        monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "link"))
+        return "symbolic link"
+    if kind == "cache_switch_invalid":
+        monkeypatch.setenv("HWPROFILE_CACHE", "disabled")  # after the profile was built: only the jit sees it
+        return "HWPROFILE_CACHE='disabled' is not valid"
+    if kind == "nvrtc_missing":
+        def gone() -> None:
+            raise ToolchainError("cuda-python's NVRTC bindings are not importable (simulated)")
+
+        monkeypatch.setattr(toolchain, "_nvrtc", gone)
+        monkeypatch.setattr(toolchain, "nvrtc_version", lambda: (13, 0))
+        return "NVRTC bindings are not importable"
+    assert kind == "cache_raises"
+
+    def broken(*a: object, **k: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(kcache, "read", broken)
+    return "Input/output error"
+
+
+FAULTS = ["cache_dir_is_a_file", "cache_dir_is_a_symlink", "cache_switch_invalid", "nvrtc_missing", "cache_raises"]
+
+
+@pytest.fixture
+def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ops._Table:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "cache"))
+    hwprofile.reset()
+    t = ops._Table(hwprofile.profile(0))
+    monkeypatch.setattr(ops, "_check_launch", lambda *a: None)
+    return t
+
+
+def _call(t: ops._Table) -> bool:
+    x, w, out = torch.zeros(1, 512, dtype=torch.bfloat16), torch.zeros(64, 512, dtype=torch.bfloat16), torch.empty(1, 64, dtype=torch.bfloat16)
+    return ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_fault_is_the_documented_warning_and_the_fallback(table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    cause = _fault(kind, tmp_path, monkeypatch)
+    with pytest.warns(RuntimeWarning, match="gemv kernel unavailable, using the torch fallback") as w:
+        assert _call(table) is False
+    assert cause in str(w[0].message)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_fault_in_strict_mode_raises_a_kernel_error_naming_the_cause(table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    cause = _fault(kind, tmp_path, monkeypatch)
+    table.strict = True
+    with pytest.raises(KernelError, match=cause.replace("(", r"\(").replace(")", r"\)")):
+        _call(table)
