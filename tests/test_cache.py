@@ -394,3 +394,44 @@ def test_ranks_of_one_host_compile_each_kernel_once(pkg: Path) -> None:
         p.stdin.flush()
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs) and sorted(outs) == ["False", "True", "True", "True"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_another_thread_holds_a_pipeline_lock(pkg: Path) -> None:
+    """The child of a fork taken while another thread holds the memo lock can still compile."""
+    jit.compile_spec(spec(pkg), "sm_90a")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with jit._memo_lock, kcache._warned_lock, launch._modules_lock:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            threading.Timer(30, lambda: os._exit(3)).start()
+            jit._memo_compiled.clear()
+            jit.compile_spec(spec(pkg), "sm_90a", ("scale_kernel<4>",))
+            launch.clear_cache()
+            kcache.clear_cache()
+            code = 0
+        finally:
+            os._exit(code)
+    release.set()
+    t.join(30)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_directory_where_the_lock_file_should_be_is_a_warning(pkg: Path, caplog: pytest.LogCaptureFixture) -> None:
+    key = jit.cache_key(spec(pkg), "sm_90a", (EXPR,))
+    jit.cache_dir()
+    Path(f"{entry(key)}.lock").mkdir()
+    c = in_thread(lambda: jit.compile_spec(spec(pkg), "sm_90a"), timeout=30)
+    assert c.cubin[:4] == b"\x7fELF" and entry(key).is_file()
+    assert "cannot use the kernel cache lock" in caplog.text

@@ -93,3 +93,12 @@ def test_unexpected_error_is_one_line_and_the_traceback_is_opt_in(monkeypatch: p
     monkeypatch.setenv("HWPROFILE_TRACEBACK", "1")
     with pytest.raises(ZeroDivisionError):
         main(["show"])
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing"])
+def test_broken_tuned_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "tuned"
+    if kind == "directory":
+        target.mkdir()
+    line = one_line_error(hw("show", "--simulate", "h200", env={"HWPROFILE_TUNED_FILE": str(target)}))
+    assert str(target) in line

@@ -13,6 +13,7 @@ PYTEST_DONT_REWRITE
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -107,6 +108,15 @@ class LoadedKernel:
 
 _modules: dict[tuple[str, int], Any] = {}
 _modules_lock = threading.Lock()
+
+
+def _reinit_locks_in_child() -> None:
+    global _modules_lock
+    _modules_lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_locks_in_child)
 
 
 def load_function(key: str, cubin: bytes, lowered_name: str, device_index: int, *, what: str) -> Any:
