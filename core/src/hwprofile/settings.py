@@ -406,10 +406,6 @@ def check_environment(environ: Mapping[str, str], setting_vars: Iterable[str]) -
 
     Returns the warnings given now (for tests). ``setting_vars`` are the env names of every declared setting.
     """
-    import difflib
-
-    from ._log import get_logger
-
     for var, default in SWITCHES.items():
         parse_switch(environ, var, default=default)
     known = sorted({*CONTROL_VARS, *setting_vars})
@@ -418,6 +414,10 @@ def check_environment(environ: Mapping[str, str], setting_vars: Iterable[str]) -
         if not name.startswith("HWPROFILE_") or name in known or name in _warned_vars:
             continue
         _warned_vars.add(name)
+        import difflib  # only for a typo: not on every profile()
+
+        from ._log import get_logger
+
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "no hwprofile setting or control variable has that name"
         msg = f"hwprofile: unknown environment variable {name} is ignored; {hint} (hwprofile show lists every setting)"
