@@ -102,3 +102,8 @@ def test_broken_tuned_file_is_one_line(tmp_path: Path, kind: str) -> None:
         target.mkdir()
     line = one_line_error(hw("show", "--simulate", "h200", env={"HWPROFILE_TUNED_FILE": str(target)}))
     assert str(target) in line
+
+
+def test_new_plugin_into_a_dir_with_a_300_character_component(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["new-plugin", "sm89", "--capability", "8.9", "--dir", str(tmp_path / ("d" * 300))]) == 2
+    assert "cannot write the plugin into" in capsys.readouterr().err

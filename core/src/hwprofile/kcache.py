@@ -389,8 +389,9 @@ def entry_lock(dfd: int, dpath: Path, key: str) -> Iterator[bool]:
                     "kernel cache lock %s is still held by %s after %.0f s; compiling without it (a duplicate compile is harmless). "
                     "If that process is gone, delete the lock file", path, who, LOCK_WAIT_S,
                 )
-    except OSError as exc:
-        _warn_once(f"{path}:lock", "cannot use the kernel cache lock %s (%s); compiling without it", path, exc.strerror or exc)
+    except Exception as exc:  # noqa: BLE001 - the lock only saves duplicate work: never let it stop a compile
+        why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+        _warn_once(f"{path}:lock", "cannot use the kernel cache lock %s (%s); compiling without it", path, why)
     if held:
         import socket
 

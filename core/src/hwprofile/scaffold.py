@@ -171,9 +171,9 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
 def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
     """Write the scaffold into ``directory`` (which must not exist or be empty)."""
     content = files(name, capability, target)
-    if directory.exists() and not directory.is_dir():
-        raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")
     try:
+        if directory.exists() and not directory.is_dir():
+            raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")
         if directory.exists() and any(directory.iterdir()):
             raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
         out = []

@@ -378,6 +378,7 @@ CONTROL_VARS: dict[str, str] = {
     "HWPROFILE_CACHE_DIR": "a private directory for the kernel cache",
     "HWPROFILE_CONFIG_DIR": "a directory holding tuned/<device>/*.toml",
     "HWPROFILE_TUNED_FILE": "tuned-threshold files, separated by the path separator",
+    "HWPROFILE_TRACEBACK": "any value: the hwprofile command shows the traceback of an unexpected error",
 }
 #: Control variables that are on/off switches, with their default.
 SWITCHES: dict[str, bool] = {"HWPROFILE_CACHE": True, "HWPROFILE_PLUGIN_FORCE": False}
