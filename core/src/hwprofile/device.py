@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from . import _state
 from ._log import get_logger
 from .errors import DeviceError
 
@@ -118,78 +119,6 @@ def detect(environ: Mapping[str, str] | None = None) -> Detection:
     return found
 
 
-class PendingDetection:
-    """A :func:`detect` that may still be running in a helper thread (see :func:`detect_in_background`)."""
-
-    def __init__(self, key: _Key, done: Detection | None = None) -> None:
-        self._key, self._detection, self._error = key, done, None
-        self._thread: Any = None
-        if done is not None:
-            return
-        import threading
-
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hwprofile-nvml-probe", daemon=True)
-        self._thread.start()
-
-    def _publish(self, detection: Detection) -> None:
-        self._detection = detection
-        self._ready.set()
-
-    def _run(self) -> None:
-        try:
-            detection = _detect(*self._key, publish=self._publish)
-            if self._detection is None:
-                self._publish(detection)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread by result() or close()
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def result(self) -> Detection:
-        """The detected devices, as soon as NVML has reported them (its teardown may still run)."""
-        if self._thread is not None:
-            self._ready.wait()
-        if self._detection is None:
-            assert self._error is not None
-            raise self._error
-        return _detections.setdefault(self._key, self._detection)
-
-    def close(self) -> None:
-        """Wait for the helper thread to end (NVML shut down); a teardown error is logged."""
-        if self._thread is not None:
-            self._thread.join()
-            if self._error is not None and self._detection is not None:
-                log.warning(
-                    "NVML failed while shutting down after detection (%s: %s); the devices it reported are used. "
-                    "If NVML misbehaves later in this process, check the driver with 'hwprofile doctor'",
-                    type(self._error).__name__, self._error,
-                )
-
-
-def detect_in_background(environ: Mapping[str, str] | None = None) -> PendingDetection:
-    """Start :func:`detect` in a helper thread; ``result()`` waits for the devices, ``close()`` for the thread.
-
-    NVML's start-up spends most of its 15-20 ms inside the driver with the GIL released
-    (``nvmlInit``, the first device handle, ``nvmlShutdown``), so ``profile()`` loads the plugins
-    meanwhile, and resolves while NVML shuts down. ``pynvml`` is imported here, in the calling
-    thread: importing is Python work that would only contend for the GIL. Nothing to wait for
-    (cached, simulated, no nvidia-ml-py, no threads) means detecting at once. The caller must call
-    ``close()``, so that no thread outlives it (a process may fork right after).
-    """
-    key = _key(environ)
-    if key in _detections or key[0]:
-        return PendingDetection(key, detect(environ))
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
-        return PendingDetection(key, detect(environ))
-    try:
-        return PendingDetection(key)
-    except RuntimeError:  # interpreter shutting down, or no more threads
-        return PendingDetection(key, detect(environ))
-
-
 def _detect(simulate: str | None, visible: str | None, order: str | None, publish: Callable[[Detection], None] | None = None) -> Detection:
     """Detect for one environment key; ``publish`` gets the result before NVML's teardown."""
     if simulate:
@@ -216,6 +145,7 @@ def _detect(simulate: str | None, visible: str | None, order: str | None, publis
     return early[0] if early else finish(raw, reason)
 
 
+@_state.on_reset
 def clear_cache() -> None:
     """Forget detected devices (tests, or after changing the environment)."""
     _detections.clear()

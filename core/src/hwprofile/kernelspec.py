@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import _state
 from .errors import PluginError
 
 if TYPE_CHECKING:
@@ -148,3 +149,6 @@ def _source_digest(path: str, dirs: tuple[str, ...]) -> str:
             else:
                 h.update(b"<builtin>" + inc.encode())
     return h.hexdigest()
+
+
+_state.on_reset(_source_digest.cache_clear)

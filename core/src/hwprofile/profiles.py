@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import _state
 from . import device as _device
 from ._log import get_logger
 from .errors import PluginError, SettingError
@@ -127,14 +128,23 @@ def registry() -> Registry:
 
 
 def reset() -> None:
-    """Forget the registry, detected devices and profiles (call after changing env or plugins)."""
+    """Forget everything this process remembered: call after changing the environment or the plugins.
+
+    Runs every callback registered with :func:`hwprofile._state.on_reset`: the registry and profiles
+    (here), detected devices, directory listings, source digests, and whatever other modules
+    registered (compiled-kernel memos, dispatch tables).
+    """
+    with _lock:
+        _state.reset_all()
+
+
+@_state.on_reset
+def _forget_profiles() -> None:
     global _registry
     with _lock:
         _registry = None
         _profiles.clear()
-        _device.clear_cache()
-        if "hwprofile.registry" in sys.modules:
-            sys.modules["hwprofile.registry"].clear_cache()
+        _warned.clear()
 
 
 def _current_device_index() -> int:
@@ -158,34 +168,12 @@ def profile(device: int | None = None) -> Profile:
         if _registry is not None:
             prof = build_profile(_device.detect().device(index), _registry, os.environ)
         else:
-            prof = _first_profile(index)
+            from ._first_profile import first_profile
+
+            prof = first_profile(index, registry)
         _profiles[index] = prof
         log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint)
         return prof
-
-
-def _first_profile(index: int) -> Profile:
-    """The first profile of the process, with NVML's start-up overlapped.
-
-    NVML starts in a helper thread (:func:`hwprofile.device.detect_in_background`) while this
-    thread imports and registers the plugins: the two do not depend on each other, and NVML's
-    start-up is mostly time spent in the driver. Resolving then overlaps NVML's teardown. So a
-    first ``profile()`` costs little more than NVML's own start (benchmarks/RESULTS.md, "Start-up").
-    """
-    probe = _device.detect_in_background()
-    try:
-        error: Exception | None = None
-        try:
-            reg = registry()
-            import hashlib  # noqa: F401 - resolving needs it (digests, fingerprint): import it while NVML starts
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after a missing device is reported (as when detection ran first)
-            error = exc
-        info = probe.result().device(index)
-        if error is not None:
-            raise error
-        return build_profile(info, reg, os.environ)
-    finally:
-        probe.close()  # no thread outlives profile(): the process may fork next
 
 
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:
