@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import pluggy
 
 from . import hookspecs
+
 # Re-exported under their old address (they were defined here before the scan moved to _entrypoints).
 from ._entrypoints import EntryPoint as EntryPoint
 from ._entrypoints import _entry_points_slow as _entry_points_slow
