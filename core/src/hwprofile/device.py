@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from . import _state
 from ._log import get_logger
+from ._record import Record, _set, final
 from .errors import DeviceError
 
 log = get_logger(__name__)
@@ -24,30 +25,87 @@ log = get_logger(__name__)
 SIMULATE_ENV = "HWPROFILE_DEVICE"
 
 
-class DriverAttributes(NamedTuple):
+@final
+class DriverAttributes(Record):
     """Facts read from the CUDA driver (or the catalog, for a simulated device); ``None`` if unknown."""
 
-    sm_count: int | None = None
-    max_shared_memory_per_block_optin: int | None = None
-    l2_cache_bytes: int | None = None
+    __slots__ = ("sm_count", "max_shared_memory_per_block_optin", "l2_cache_bytes")
+
+    sm_count: int | None
+    #: Shared memory one block can opt in to, in bytes.
+    max_shared_memory_per_block_optin: int | None
+    l2_cache_bytes: int | None
+
+    def __init__(
+        self, sm_count: int | None = None, max_shared_memory_per_block_optin: int | None = None, l2_cache_bytes: int | None = None
+    ) -> None:
+        _set(self, "sm_count", sm_count)
+        _set(self, "max_shared_memory_per_block_optin", max_shared_memory_per_block_optin)
+        _set(self, "l2_cache_bytes", l2_cache_bytes)
 
 
-class DeviceInfo(NamedTuple):
-    """One visible GPU, numbered as CUDA (and torch) number it in this process."""
+@final
+class DeviceInfo(Record):
+    """One visible GPU, numbered as CUDA (and torch) number it in this process; may be simulated.
 
+    Facts NVML did not report (or a simulated device's catalog entry lacks) are ``None``.
+    """
+
+    __slots__ = (
+        "index", "name", "compute_capability", "simulated", "uuid", "pci_bus_id", "memory_bytes", "max_sm_clock_mhz",
+        "max_memory_clock_mhz", "memory_bus_width_bits", "driver_version", "cuda_driver_version", "catalog_key",
+    )
+
+    #: CUDA's index of the device in this process (after ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
     index: int
+    #: NVML's product name, ``"NVIDIA H200"``.
     name: str
+    #: Exact ``(major, minor)``; plugins match it exactly, never the major alone.
     compute_capability: tuple[int, int]
-    simulated: bool = False
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-    memory_bytes: int | None = None
-    max_sm_clock_mhz: int | None = None
-    max_memory_clock_mhz: int | None = None
-    memory_bus_width_bits: int | None = None
-    driver_version: str | None = None
-    cuda_driver_version: tuple[int, int] | None = None
-    catalog_key: str | None = None
+    #: ``True`` for a device from ``HWPROFILE_DEVICE`` (no GPU behind it).
+    simulated: bool
+    uuid: str | None
+    pci_bus_id: str | None
+    memory_bytes: int | None
+    #: Read only when ordering several GPUs needs them, or by :func:`with_details`.
+    max_sm_clock_mhz: int | None
+    max_memory_clock_mhz: int | None
+    memory_bus_width_bits: int | None
+    driver_version: str | None
+    #: The CUDA version the driver supports, ``(13, 0)``.
+    cuda_driver_version: tuple[int, int] | None
+    #: The catalog entry a simulated device came from.
+    catalog_key: str | None
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        compute_capability: tuple[int, int],
+        simulated: bool = False,
+        uuid: str | None = None,
+        pci_bus_id: str | None = None,
+        memory_bytes: int | None = None,
+        max_sm_clock_mhz: int | None = None,
+        max_memory_clock_mhz: int | None = None,
+        memory_bus_width_bits: int | None = None,
+        driver_version: str | None = None,
+        cuda_driver_version: tuple[int, int] | None = None,
+        catalog_key: str | None = None,
+    ) -> None:
+        _set(self, "index", index)
+        _set(self, "name", name)
+        _set(self, "compute_capability", compute_capability)
+        _set(self, "simulated", simulated)
+        _set(self, "uuid", uuid)
+        _set(self, "pci_bus_id", pci_bus_id)
+        _set(self, "memory_bytes", memory_bytes)
+        _set(self, "max_sm_clock_mhz", max_sm_clock_mhz)
+        _set(self, "max_memory_clock_mhz", max_memory_clock_mhz)
+        _set(self, "memory_bus_width_bits", memory_bus_width_bits)
+        _set(self, "driver_version", driver_version)
+        _set(self, "cuda_driver_version", cuda_driver_version)
+        _set(self, "catalog_key", catalog_key)
 
     @property
     def sm(self) -> str:
@@ -82,12 +140,22 @@ class DeviceInfo(NamedTuple):
         }
 
 
-class Detection(NamedTuple):
+@final
+class Detection(Record):
     """The devices this process sees; when there are none, ``reason`` says why."""
 
+    __slots__ = ("devices", "reason", "simulated")
+
+    #: In CUDA's numbering: ``devices[i].index == i``.
     devices: tuple[DeviceInfo, ...]
-    reason: str | None = None
-    simulated: bool = False
+    #: Why there is no device (NVML missing, no driver, ``CUDA_VISIBLE_DEVICES`` hides all); ``None`` otherwise.
+    reason: str | None
+    simulated: bool
+
+    def __init__(self, devices: tuple[DeviceInfo, ...], reason: str | None = None, simulated: bool = False) -> None:
+        _set(self, "devices", devices)
+        _set(self, "reason", reason)
+        _set(self, "simulated", simulated)
 
     def device(self, index: int) -> DeviceInfo:
         """Device ``index`` in CUDA numbering, or an error that says what is visible."""
@@ -179,7 +247,7 @@ def simulated_detection(spec: str) -> Detection:
 
 
 def _renumber(d: DeviceInfo, index: int) -> DeviceInfo:
-    return d._replace(index=index)
+    return d.replace(index=index)
 
 
 # --- ordering: make device i mean what CUDA device i means ----------------------------------------
@@ -269,7 +337,7 @@ def _probe_nvml(on_read: Callable[[list[_Raw]], None] | None = None) -> tuple[li
                 cuda_driver_version=cuda_driver,
             )
             if several:
-                info = info._replace(**_slow_facts(pynvml, h))
+                info = info.replace(**_slow_facts(pynvml, h))
             raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if several else None))
         if on_read is not None:
             on_read(raw)
@@ -304,7 +372,7 @@ def with_details(d: DeviceInfo) -> DeviceInfo:
         return d
     try:
         h = pynvml.nvmlDeviceGetHandleByUUID(d.uuid)
-        return d._replace(**_slow_facts(pynvml, h))
+        return d.replace(**_slow_facts(pynvml, h))
     except Exception:  # noqa: BLE001
         return d
     finally:

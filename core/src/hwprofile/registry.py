@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import pluggy
 
@@ -27,6 +27,7 @@ from ._entrypoints import clear_cache as clear_cache
 from ._entrypoints import find_entry_points
 from ._entrypoints import installed_version as installed_version
 from ._log import get_logger
+from ._record import Record, _set, final
 from .device import DeviceInfo
 from .errors import PluginError
 
@@ -38,29 +39,52 @@ DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
 
 
-class ArchSpec(NamedTuple):
+@final
+class ArchSpec(Record):
     """What an architecture plugin serves: exact compute capability -> NVRTC target."""
 
+    __slots__ = ("targets", "description")
+
+    #: ``{(9, 0): "sm_90a"}``: each exact capability served and the NVRTC target its kernels are built for.
     targets: Mapping[tuple[int, int], str]
-    description: str = ""
+    #: One line for ``hwprofile plugins``.
+    description: str
+
+    def __init__(self, targets: Mapping[tuple[int, int], str], description: str = "") -> None:
+        _set(self, "targets", targets)
+        _set(self, "description", description)
 
     def target_for(self, capability: tuple[int, int]) -> str | None:
         """The NVRTC target for this exact capability, or ``None`` if not served."""
-        return self.targets.get(tuple(capability))  # type: ignore[arg-type]
+        return self.targets.get((capability[0], capability[1]))
 
     @property
     def capabilities(self) -> tuple[tuple[int, int], ...]:
         return tuple(sorted(self.targets))
 
 
-class PluginInfo(NamedTuple):
+@final
+class PluginInfo(Record):
     """Identity of one registered plugin."""
 
+    __slots__ = ("name", "distribution", "version", "module", "arch")
+
+    #: The entry-point name (or the name given to :meth:`Registry.register`); a plugin's settings start with it.
     name: str
+    #: The distribution that installed it; ``None`` for a plugin registered by hand.
     distribution: str | None
     version: str | None
+    #: The module (or the class's module) holding the hook implementations.
     module: str
-    arch: ArchSpec | None = None
+    #: What it serves, for an architecture plugin; ``None`` for any other plugin.
+    arch: ArchSpec | None
+
+    def __init__(self, name: str, distribution: str | None, version: str | None, module: str, arch: ArchSpec | None = None) -> None:
+        _set(self, "name", name)
+        _set(self, "distribution", distribution)
+        _set(self, "version", version)
+        _set(self, "module", module)
+        _set(self, "arch", arch)
 
     @property
     def label(self) -> str:
@@ -85,12 +109,23 @@ class PluginInfo(NamedTuple):
         }
 
 
-class Selection(NamedTuple):
+@final
+class Selection(Record):
     """Which architecture plugin serves a device, its NVRTC target, and why."""
 
+    __slots__ = ("plugin", "target", "reason")
+
+    #: ``None`` when no installed architecture plugin serves the device (core defaults apply).
     plugin: PluginInfo | None
+    #: The NVRTC target (``"sm_90a"``), ``None`` exactly when ``plugin`` is.
     target: str | None
+    #: In words, for ``hwprofile show``: claimed, pinned, or why none.
     reason: str
+
+    def __init__(self, plugin: PluginInfo | None, target: str | None, reason: str) -> None:
+        _set(self, "plugin", plugin)
+        _set(self, "target", target)
+        _set(self, "reason", reason)
 
 
 class Registry:
