@@ -41,7 +41,7 @@ def _hashable(v: object) -> object:
 class Record:
     """Frozen value semantics over ``__slots__``: equality and hash by field values, a readable repr."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen: make a changed copy with .replace({name}=...)")
@@ -55,7 +55,7 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, *map(_hashable, self._values())))

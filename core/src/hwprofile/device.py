@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from . import _state
 from ._log import get_logger
@@ -21,6 +21,7 @@ from ._record import Record, _set, final
 from .errors import DeviceError
 
 log = get_logger(__name__)
+_T = TypeVar("_T")
 
 SIMULATE_ENV = "HWPROFILE_DEVICE"
 
@@ -330,15 +331,15 @@ def _probe_nvml(on_read: Callable[[list[_Raw]], None] | None = None) -> tuple[li
                 index=i,
                 name=_text(pynvml.nvmlDeviceGetName(h)),
                 compute_capability=(int(major), int(minor)),
-                uuid=_q(lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h))),
-                pci_bus_id=_q(lambda h=h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId)),
-                memory_bytes=_q(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                uuid=_q(lambda h: _text(pynvml.nvmlDeviceGetUUID(h)), h),
+                pci_bus_id=_q(lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId), h),
+                memory_bytes=_q(lambda h: pynvml.nvmlDeviceGetMemoryInfo(h).total, h),
                 driver_version=driver,
                 cuda_driver_version=cuda_driver,
             )
             if several:
                 info = info.replace(**_slow_facts(pynvml, h))
-            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if several else None))
+            raw.append(_Raw(info, _q(lambda h: pynvml.nvmlDeviceGetNumGpuCores(h), h) if several else None))
         if on_read is not None:
             on_read(raw)
         return raw, None
@@ -382,10 +383,10 @@ def with_details(d: DeviceInfo) -> DeviceInfo:
             pass
 
 
-def _q(fn):  # type: ignore[no-untyped-def]
+def _q(fn: Callable[..., _T], *args: object) -> _T | None:
     """One optional NVML query: ``None`` when the device or driver does not support it."""
     try:
-        return fn()
+        return fn(*args)
     except Exception:  # noqa: BLE001 - NVML raises many NotSupported subclasses; all mean "unknown"
         return None
 

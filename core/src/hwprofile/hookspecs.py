@@ -22,7 +22,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
-    from .jit import KernelSpec
+    from .kernelspec import KernelSpec
     from .registry import ArchSpec
     from .settings import EnvDefault, Setting
 

@@ -120,13 +120,13 @@ class Profile(Record):
         resolved = self.explain(key)
         value, s = resolved.value, resolved.setting
         if kind is float and s.type == "float" and type(value) is int:
-            return float(value)  # type: ignore[return-value]  # a float setting's declared default may be written 1
+            return float(value)  # a float setting's declared default may be written 1
         if type(value) is not kind:
             raise SettingError(
                 f"setting {key} is declared {s.type!r} and holds {value!r} ({type(value).__name__}), not {kind.__name__}; "
                 f"read it with .get({key!r}, {type(value).__name__})"
             )
-        return value  # type: ignore[no-any-return]
+        return value
 
     def get_bool(self, key: str) -> bool:
         return self.get(key, bool)

@@ -87,7 +87,9 @@ class Setting(Record):
         if self.type == "enum":
             return "one of " + ", ".join(self.choices or ())
         if self.type in ("int", "float"):
-            fmt = (lambda v: str(int(v))) if self.type == "int" else (lambda v: f"{v:g}")
+            def fmt(v: float) -> str:
+                return str(int(v)) if self.type == "int" else f"{v:g}"
+
             lo = "-inf" if self.minimum is None else fmt(self.minimum)
             hi = "inf" if self.maximum is None else fmt(self.maximum)
             return f"{'an integer' if self.type == 'int' else 'a number'} in [{lo}, {hi}]"
@@ -393,7 +395,7 @@ class SettingsResolver:
         return {k: next(x for x in reversed(c) if x.applied).value for k, c in self.chains.items()}
 
     def add(
-        self, kind: str, source: str, values: Mapping[str, Any] | None, *, who: str,
+        self, kind: LayerKind, source: str, values: Mapping[str, Any] | None, *, who: str,
         check: Callable[[str, Any], str] | None = None, stamp: Any = None, drop_stale: bool = False,
     ) -> None:
         """Add one layer; ``who`` names the supplier in errors (plugin label, file path).
