@@ -328,7 +328,7 @@ def test_every_fault_reaches_ops_as_a_kernel_error_with_its_cause(pkg: Path, tmp
         monkeypatch.setattr(kcache, "read", boom)
         cause = "RuntimeError: disk on fire"
     else:
-        s = s._replace(source="gone.cu")
+        s = s.replace(source="gone.cu")
         cause = "missing from package"
     with pytest.raises(KernelError) as e:
         jit.load(s, "sm_90a", Launch(EXPR, (1, 1, 1), (32, 1, 1)), 0, ())

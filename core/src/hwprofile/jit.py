@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kcache, toolchain
+from . import _state, kcache
 from .errors import HwprofileError, KernelError, ToolchainError
 from .kernelspec import KernelSpec, Launch
 from .launch import LoadedKernel, check_driver_for_nvrtc, driver_cuda_version
@@ -165,17 +165,12 @@ def load(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_t
         return _loaded.setdefault(memo_key, k)
 
 
+@_state.on_reset
 def clear_cache() -> None:
-    """Forget compiled and loaded kernels and every toolchain answer (``hwprofile.reset()`` calls it)."""
-    from . import kernelspec, launch
-
+    """Forget compiled kernels and loaded functions (``hwprofile.reset()`` calls it; the other stages register their own)."""
     with _memo_lock:
         _memo_compiled.clear()
         _loaded.clear()
-    toolchain.clear_cache()
-    kcache.clear_cache()
-    launch.clear_cache()
-    kernelspec.clear_cache()
 
 
 @dataclass

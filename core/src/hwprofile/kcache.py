@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import toolchain
+from . import _state, toolchain
 from ._log import get_logger
 from .errors import CacheError, SettingError
 from .toolchain import CompiledKernel, CompileOptions
@@ -470,6 +470,7 @@ def clear(environ: Mapping[str, str] | None = None) -> ClearReport:
     return report
 
 
+@_state.on_reset
 def clear_cache() -> None:
     """Forget which warnings were given (process state, cleared by ``hwprofile.reset()``)."""
     with _warned_lock:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from . import _state
 from .errors import KernelError, ToolchainError
 from .kernelspec import Launch
 
@@ -133,7 +134,7 @@ def load_function(key: str, cubin: bytes, lowered_name: str, device_index: int, 
 
         if not torch.cuda.is_available():
             raise KernelError(f"cannot load {what}: no CUDA device is available to this process")
-        torch.cuda.init()
+        torch.cuda.init()  # type: ignore[no-untyped-call]
         dev = _cu(cu.cuDeviceGet(device_index), "cuDeviceGet")
         ctx = _cu(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")  # torch's context
         _cu(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
@@ -146,6 +147,7 @@ def load_function(key: str, cubin: bytes, lowered_name: str, device_index: int, 
     return _cu(cu.cuModuleGetFunction(module, lowered_name.encode()), f"finding {lowered_name} in {what}")
 
 
+@_state.on_reset
 def clear_cache() -> None:
     """Forget loaded modules (they stay loaded in the context; functions already handed out keep working)."""
     with _modules_lock:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from . import _state
 from .errors import KernelCompileError, ToolchainError
 from .kernelspec import OWN_INCLUDE, option_values
 
@@ -104,6 +105,7 @@ def include_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+@_state.on_reset
 def clear_cache() -> None:
     """Forget what was asked of NVRTC and where headers are (after installing another toolkit)."""
     for f in (nvrtc_version, nvrtc_build, nvrtc_archs, include_dirs):
