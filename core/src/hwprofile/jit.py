@@ -18,6 +18,7 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
+import ctypes  # noqa: F401 - callers build argument types from jit.ctypes
 import os
 import threading
 import time
@@ -25,11 +26,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _state, kcache
+from . import _state, kcache, toolchain
 from .errors import HwprofileError, KernelError, ToolchainError
 from .kernelspec import KernelSpec, Launch
 from .launch import LoadedKernel, check_driver_for_nvrtc, driver_cuda_version
-from .toolchain import MIN_NVRTC, CompiledKernel, CompileOptions, check_target, include_dirs, nvrtc_archs, nvrtc_compile, nvrtc_version
+from .launch import _cu as _cu  # re-exported: benchmarks and GPU tests call the driver through it
+from .toolchain import MIN_NVRTC, CompiledKernel, CompileOptions, check_target, include_dirs, nvrtc_archs, nvrtc_version
 
 __all__ = [
     "MIN_NVRTC", "CompileOptions", "CompileReport", "CompiledKernel", "KernelSpec", "Launch", "LoadedKernel", "cache_dir",
@@ -44,6 +46,17 @@ CACHE_ENV = kcache.CACHE_ENV
 def options_for(spec: KernelSpec, target: str) -> CompileOptions:
     """The compile options of ``spec`` for ``target``: fixed include directories, then the spec's options."""
     return CompileOptions(target, include_dirs(), tuple(spec.options))
+
+
+def nvrtc_compile(
+    source: str, name: str, target: str, expressions: Sequence[str], options: Sequence[str], *, what: str
+) -> tuple[bytes, dict[str, str], str]:
+    """Compile ``source`` for ``target`` with the fixed include directories and ``options``; no cache.
+
+    The pre-split signature, kept for benchmarks and tests; :func:`hwprofile.toolchain.nvrtc_compile`
+    takes a :class:`CompileOptions`.
+    """
+    return toolchain.nvrtc_compile(source, name, CompileOptions(target, include_dirs(), tuple(options)), expressions, what=what)
 
 
 def cache_key(spec: KernelSpec, target: str, expressions: Sequence[str]) -> str:
