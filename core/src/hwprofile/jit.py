@@ -126,7 +126,7 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str) -
     t0 = time.perf_counter()
 
     def build() -> CompiledKernel:
-        cubin, lowered, text = nvrtc_compile(spec.read_source(), spec.source, options, exprs, what=what)
+        cubin, lowered, text = toolchain.nvrtc_compile(spec.read_source(), spec.source, options, exprs, what=what)
         return CompiledKernel(key, target, cubin, lowered, text, cached=False)
 
     if kcache.cache_enabled():
