@@ -7,6 +7,7 @@ is bypassed here: every fault below happens in ``jit.load`` before anything is l
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,49 @@ def test_fault_in_strict_mode_raises_a_kernel_error_naming_the_cause(table: ops.
     table.strict = True
     with pytest.raises(KernelError, match=cause.replace("(", r"\(").replace(")", r"\)")):
         _call(table)
+
+
+# --- the same faults through the public ops (needs ops' CPU seam: CPU tensors count as device 0) ---
+
+
+@pytest.fixture
+def public(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if not hasattr(ops, "_cpu_index") or not hasattr(ops, "reset_dispatch"):
+        pytest.skip("needs the ops CPU seam (ops._cpu_index)")
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "myengine")
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "cache"))
+    hwprofile.reset()
+    ops.reset_dispatch()
+    hwprofile.profile(0)  # resolved before the fault: a bad HWPROFILE_CACHE then only reaches the jit
+    monkeypatch.setattr(ops, "_cpu_index", 0)
+    yield
+    ops.reset_dispatch()
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_public_op_survives_every_fault_with_one_warning(public: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    x, w = torch.randn(1, 1024).to(torch.bfloat16), torch.randn(256, 1024).to(torch.bfloat16)
+    cause = _fault(kind, tmp_path, monkeypatch)
+    with pytest.warns(RuntimeWarning, match="gemv kernel unavailable, using the torch fallback") as w1:
+        y = ops.gemv(x, w)
+    assert cause in str(w1[0].message)  # the warning proves the call took the kernel path and met the fault
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the next call takes the fallback silently
+        ops.gemv(x, w)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_public_op_in_strict_mode_raises_the_cause(public: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    monkeypatch.setenv("HWPROFILE_STRICT", "1")
+    hwprofile.reset()
+    ops.reset_dispatch()
+    hwprofile.profile(0)
+    cause = _fault(kind, tmp_path, monkeypatch)
+    x, w = torch.randn(1, 1024).to(torch.bfloat16), torch.randn(256, 1024).to(torch.bfloat16)
+    with pytest.raises(KernelError) as e:
+        ops.gemv(x, w)
+    assert cause in str(e.value)
