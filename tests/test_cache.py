@@ -435,3 +435,25 @@ def test_directory_where_the_lock_file_should_be_is_a_warning(pkg: Path, caplog:
     c = in_thread(lambda: jit.compile_spec(spec(pkg), "sm_90a"), timeout=30)
     assert c.cubin[:4] == b"\x7fELF" and entry(key).is_file()
     assert "cannot use the kernel cache lock" in caplog.text
+
+
+def test_read_only_file_system_still_builds_with_one_warning(pkg: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """As the read-only directory test, but for any user (root included): creating a file fails with EROFS."""
+    import errno
+
+    jit.cache_dir()
+    real_open = os.open
+
+    def read_only_open(path: object, flags: int, *args: object, **kw: object) -> int:
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    try:
+        c = jit.compile_spec(spec(pkg), "sm_90a")
+        jit.compile_spec(spec(pkg), "sm_90a", ("scale_kernel<3>",))
+    finally:
+        monkeypatch.setattr(os, "open", real_open)
+    assert c.cubin[:4] == b"\x7fELF" and caplog.text.count("cannot write kernel cache entry") == 1
+    assert "Read-only file system" in caplog.text and not list(entry(c.key).parent.glob("*.cubin"))
