@@ -108,7 +108,7 @@ def test_hookimpl_matching_no_hook_is_an_error_naming_the_plugin() -> None:
 # --- plugin output is validated like user input --------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["X; touch /tmp/pwned #", "$(id)", "1ABC", "A B", "HWPROFILE_STRICT"])
+@pytest.mark.parametrize("name", ["X; touch /tmp/pwned #", "$(id)", "1ABC", "A B", "HWPROFILE_STRICT", "OK\n", "OK\nid"])
 def test_env_default_names_must_be_identifiers(extra_plugin, monkeypatch: pytest.MonkeyPatch, name: str) -> None:  # type: ignore[no-untyped-def]
     extra_plugin("evil", f"""
         from hwprofile import EnvDefault, hookimpl
@@ -255,3 +255,21 @@ def test_plugin_import_time_is_measured_shown_and_slow_ones_named(
     assert time.perf_counter() - t0 < 10 and "import ms" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("sluggish"))
     assert float(row.split()[-1]) >= 300
+
+
+def test_names_with_a_trailing_newline_are_refused() -> None:
+    """``$`` in a regex matches before a final newline: every name check must anchor at the very end."""
+    with pytest.raises(SettingError):
+        Setting("eng.flag\n", "bool", False, "x")
+    with pytest.raises(PluginError, match="sm_XYa"):
+        class Nl:
+            @hookimpl
+            def hwprofile_arch(self) -> ArchSpec:
+                return ArchSpec({(9, 0): "sm_90a\n"})
+
+        Registry({}).register(Nl(), "nl")
+    from hwprofile import scaffold
+    from hwprofile.errors import HwprofileError
+
+    with pytest.raises(HwprofileError):
+        scaffold.files("sm89\n", "8.9")

@@ -39,7 +39,7 @@ ENTRY_POINT_GROUP = "hwprofile.plugins"
 PIN_ENV = "HWPROFILE_PLUGIN"
 FORCE_ENV = "HWPROFILE_PLUGIN_FORCE"
 DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
-_TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
+_TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?\Z")
 #: A plugin whose import takes longer than this gets a warning naming it (every process pays it).
 SLOW_IMPORT_S = 1.0
 

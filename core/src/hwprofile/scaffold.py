@@ -14,9 +14,9 @@ from pathlib import Path
 
 from .errors import HwprofileError
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _MAX_NAME = 64  # becomes a directory, a distribution and a module name: keep it well inside every filesystem's limit
-_TARGET = re.compile(r"^sm_\d{2,3}[af]?$")
+_TARGET = re.compile(r"^sm_\d{2,3}[af]?\Z")
 
 PYPROJECT = '''[build-system]
 requires = ["setuptools>=64"]

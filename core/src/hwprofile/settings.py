@@ -25,7 +25,7 @@ SettingType = Literal["bool", "int", "float", "str", "enum"]
 #: Which layer supplied a value, lowest first.
 LayerKind = Literal["core", "declared", "arch", "downstream", "tuned", "env"]
 
-_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
+_KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\Z")
 _TYPES = ("bool", "int", "float", "str", "enum")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -469,7 +469,7 @@ CONTROL_VARS: dict[str, str] = {
 #: Control variables that are on/off switches, with their default.
 SWITCHES: dict[str, bool] = {"HWPROFILE_CACHE": True, "HWPROFILE_PLUGIN_FORCE": False}
 SWITCH_VALUES = "1/0, true/false, yes/no, on/off"
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def parse_switch(environ: Mapping[str, str], var: str, *, default: bool) -> bool:

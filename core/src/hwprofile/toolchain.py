@@ -35,7 +35,7 @@ MIN_NVRTC: dict[str, tuple[int, int]] = {
     "sm_100": (12, 8), "sm_100a": (12, 8), "sm_103": (12, 9), "sm_103a": (12, 9),
     "sm_120": (12, 8), "sm_120a": (12, 8), "sm_121": (12, 9), "sm_121a": (12, 9),
 }
-_TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
+_TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?\Z")
 
 
 def _nvrtc() -> Any:
