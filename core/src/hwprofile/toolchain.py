@@ -71,14 +71,13 @@ def nvrtc_build() -> str:
     NVRTC reports only major.minor, but a patch release can change the code it emits; the wheel
     versions (``nvidia-cuda-nvrtc 13.0.88``, ``cuda-bindings 13.0.3``) tell patch releases apart.
     """
-    from importlib import metadata
+    from ._entrypoints import installed_version  # dist-info names, listed once per process: not importlib.metadata (~100 ms)
 
     parts = []
     for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12", "cuda-bindings"):
-        try:
-            parts.append(f"{dist} {metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            continue
+        version = installed_version(dist)
+        if version is not None:
+            parts.append(f"{dist} {version}")
     return ", ".join(parts) or "unknown"
 
 
