@@ -9,8 +9,9 @@ Rules (each has a test in ``tests/test_cache.py``):
 * **Entries carry their key.** An entry is ``magic | sha256(body) | body``, the body holding the
   key, the key document, target, lowered names and the compile log, then the cubin. On read the
   checksum, the key, the target and every requested name are verified; anything else (truncated,
-  corrupt, malformed metadata, an entry of another key filed under this name, a directory, FIFO or
-  symlink where an entry should be) is a miss with one warning, then recompiled and replaced.
+  corrupt, malformed metadata, an entry of another key filed under this name, an entry others can
+  write, a directory, FIFO or symlink where an entry should be) is a miss with one warning, then
+  recompiled and replaced.
 * **No symlink is followed.** The directory is opened once with ``O_NOFOLLOW | O_DIRECTORY`` and
   checked on its descriptor (private: owned by this user, not writable by group or others, because
   loading a cubin runs its code); entries are opened relative to it (``dir_fd``) with
@@ -20,9 +21,9 @@ Rules (each has a test in ``tests/test_cache.py``):
   renamed over the entry. A write that fails (read-only directory, disk full, a directory in the
   way) is one warning: the kernel is still used, only not cached.
 * **Locks never wait silently.** A per-key lock avoids duplicate compiles by the ranks of one host;
-  after :data:`LOCK_NOTICE_S` a warning names the lock file and its holder (pid, host), after :data:`LOCK_WAIT_S` the process
-  compiles anyway (the atomic rename makes a duplicate harmless). A lock that cannot be used is a
-  warning, never an error.
+  after :data:`LOCK_NOTICE_S` a warning names the lock file and its holder (pid, host, from
+  ``<entry>.owner``), after :data:`LOCK_WAIT_S` the process compiles anyway (the atomic rename
+  makes a duplicate harmless). A lock that cannot be used is a warning, never an error.
 * **Clearing is safe while others compile**: :func:`clear` removes entries and unheld locks, never
   a temp file younger than :data:`TMP_MAX_AGE_S` (another process's write in flight).
 
