@@ -6,9 +6,10 @@ The stages live in their own modules, as cuda.core splits them:
 * :mod:`hwprofile.kcache`: the on-disk cache (key, directory policy, entry format, locking);
 * :mod:`hwprofile.launch`: module loading, argument packing, launching.
 
-This module joins them and is the import path callers use (``ops``, ``sweep``, the CLI). It never
-lets a fault escape as anything but :class:`~hwprofile.errors.KernelError`: :func:`load` is what
-ops call, and ops turn a ``KernelError`` into the one documented warning and the torch fallback.
+This module joins them and is the import path callers use (``ops``, ``sweep``, the CLI). It must
+never let a fault escape :func:`load`, what ops call, as anything but a
+:class:`~hwprofile.errors.KernelError`: ops turn that into the one documented warning and the
+torch fallback, so no cache or toolchain fault reaches an engine.
 
 In-process memos (compiled kernels, loaded functions) are keyed by the cache key, a hash of every
 compile input, and cleared by ``hwprofile.reset()``.
