@@ -397,6 +397,7 @@ def test_ranks_of_one_host_compile_each_kernel_once(pkg: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # forking with threads is the point
 def test_fork_while_another_thread_holds_a_pipeline_lock(pkg: Path) -> None:
     """The child of a fork taken while another thread holds the memo lock can still compile."""
     jit.compile_spec(spec(pkg), "sm_90a")

@@ -194,6 +194,7 @@ def test_profile_called_from_a_hook_names_the_plugin(extra_plugin, monkeypatch: 
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # forking with threads is the point
 def test_fork_while_another_thread_resolves_leaves_the_child_able_to_profile(extra_plugin, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     extra_plugin("slow", """
         import time
