@@ -25,12 +25,18 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
 class Launch(NamedTuple):
-    """How to launch one kernel instance: its template name expression, grid, block and dynamic smem."""
+    """How to launch one kernel instance: its template name expression, grid, block and dynamic smem.
+
+    ``pdl``: launch with programmatic stream serialization (programmatic dependent launch), so the
+    kernel may start while its predecessor on the stream finishes; only for kernels that call
+    ``griddepcontrol.wait`` before touching anything a predecessor may write.
+    """
 
     name_expression: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0
+    pdl: bool = False
 
 
 class KernelSpec(NamedTuple):

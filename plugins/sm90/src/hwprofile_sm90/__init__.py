@@ -74,4 +74,4 @@ def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str
 
 @hookimpl
 def hwprofile_kernels(device: Any, target: str) -> list[Any]:
-    return kernel_specs(__name__, "kernels/skinny_gemm.cu", TUNING)
+    return kernel_specs(__name__, "kernels/sm90_gemv.cu", TUNING)

@@ -1,0 +1,174 @@
+"""Variant sweep of the sm90 kernels (hwprofile_sm90/kernels/sm90_gemv.cu) on the H200.
+
+Times each template configuration directly against cuBLAS in the same run (CUDA-graph replay, cold
+L2 by rotating weight copies, median of 15 replays, bench_ops.py's timer), checks every timed
+variant against a float64 reference first, and measures what a launch costs by itself: an empty
+kernel with clusters of 1..8 blocks, with and without programmatic dependent launch (PDL).
+Usage: OUT=dir python benchmarks/variants_sm90.py [round]   (writes variants_sm90.json)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_ops import OUT, copies_for, graph_time
+
+import hwprofile
+from hwprofile import jit, ops
+from hwprofile.jit import Launch
+
+dev = torch.device("cuda:0")
+prof = hwprofile.profile(0)
+SPEC = prof.kernels["gemv"]
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+results: list[dict[str, Any]] = []
+
+
+def stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def record(**kw: Any) -> None:
+    results.append(kw)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items()), flush=True)
+
+
+def timed(launch: Launch, m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, tag: str, scale: int = 0) -> float:
+    """Check one launch against float64, then time it over rotating weight copies."""
+    kern = jit.load(SPEC, prof.target, launch, 0, ops._ARG_TYPES)
+    nbytes = n * k * (1 if fp8 else 2)
+    ws = [(torch.randn(n, k, device=dev) * (3 if fp8 else 1)).to(torch.float8_e4m3fn if fp8 else torch.bfloat16) for _ in range(copies_for(nbytes))]
+    sc = torch.rand(n, device=dev) + 0.5
+    x = torch.randn(m, k, device=dev).bfloat16()
+    out = torch.full((m, n), float("nan"), device=dev, dtype=out_dtype)
+    kern.launch(launch, stream(), (out.data_ptr(), x.data_ptr(), ws[0].data_ptr(), sc.data_ptr(), m, n, k))
+    torch.cuda.synchronize()
+    w64 = ws[0].double() * (sc.double()[:, None] if scale == 2 else sc.double()[0] if scale == 1 else 1)
+    ref = x.double() @ w64.t()
+    err = float((out.double() - ref).norm() / ref.norm())
+    bad = bool(torch.isnan(out).any()) or not err < 1e-2
+
+    def f(i: int) -> None:
+        kern.launch(launch, stream(), (out.data_ptr(), x.data_ptr(), ws[i].data_ptr(), sc.data_ptr(), m, n, k))
+
+    us, spread = graph_time(f, len(ws))
+    record(tag=tag, expr=launch.name_expression, grid=list(launch.grid), smem=launch.shared_bytes, pdl=launch.pdl, m=m, n=n, k=k,
+           us=us, tbps=nbytes / us / 1e6, spread=spread, err=err, bad=bad)
+    return us
+
+
+def cublas(m: int, n: int, k: int, fp32_out: bool) -> float:
+    ws = [torch.randn(n, k, device=dev).bfloat16() for _ in range(copies_for(n * k * 2))]
+    x = torch.randn(m, k, device=dev).bfloat16()
+    if fp32_out:
+        us, spread = graph_time(lambda i: torch.mm(x, ws[i].t(), out_dtype=torch.float32), len(ws))
+    else:
+        us, spread = graph_time(lambda i: F.linear(x, ws[i]), len(ws))
+    record(tag="cublas", m=m, n=n, k=k, us=us, tbps=n * k * 2 / us / 1e6, spread=spread)
+    return us
+
+
+# --- launch cost: empty kernels --------------------------------------------------------------------
+EMPTY = r"""
+template <int C, bool WAIT>
+__global__ void __cluster_dims__(1, C, 1) empty(int* p) {
+  if (WAIT) asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+  if (p != nullptr && threadIdx.x == 1023) p[blockIdx.x] = 0;
+}
+"""
+
+
+def launch_cost() -> None:
+    from cuda.bindings import driver as cu
+
+    exprs = [f"empty<{c}, {w}>" for c in (1, 2, 4, 8) for w in ("false", "true")]
+    cubin, lowered, _ = jit.nvrtc_compile(EMPTY, "empty.cu", prof.target, exprs, [], what="empty kernels")
+    torch.cuda.init()
+    torch.zeros(1, device=dev)
+    module = jit._cu(cu.cuModuleLoadData(cubin), "load")
+    for e in exprs:
+        fn = jit._cu(cu.cuModuleGetFunction(module, lowered[e].encode()), e)
+        kern = jit.LoadedKernel(fn, e, (jit.ctypes.c_void_p,))
+        c = int(e.split("<")[1].split(",")[0])
+        for blocks in (132, 256):
+            for pdl in (False, True):
+                la = Launch(e, (blocks // c, c, 1), (256, 1, 1), 0, pdl)
+                us, _ = graph_time(lambda i, la=la, kern=kern: kern.launch(la, stream(), (0,)), 64)
+                record(tag="empty", expr=e, blocks=blocks, pdl=pdl, us=us)
+
+
+# --- router ----------------------------------------------------------------------------------------
+def router_launch(m: int, n: int, warps: int, nt: int, ks: int, u: int, pf: bool, pdl: bool) -> Launch:
+    mt = 1 if m <= 8 else 2
+    return Launch(f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {'true' if pf else 'false'}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl)
+
+
+def old_router(m: int, n: int, ks: int = 8) -> Launch:
+    mt = 1 if m <= 8 else 2
+    return Launch(f"hwp_skinny_mma<false, float, {mt}, 8, 1, {ks}, 4, 0>", (-(-n // 8), ks, 1), (256, 1, 1), 0)
+
+
+def router_round(ms: tuple[int, ...], configs: list[tuple[int, int, int, int, bool, bool]]) -> None:
+    for n in (256, 384):
+        for m in ms:
+            cublas(m, n, 7168, True)
+            timed(old_router(m, n), m, n, 7168, False, torch.float32, "router_old")
+            for warps, nt, ks, u, pf, pdl in configs:
+                timed(router_launch(m, n, warps, nt, ks, u, pf, pdl), m, n, 7168, False, torch.float32, "router")
+
+
+# --- GEMV ------------------------------------------------------------------------------------------
+def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps: int, scale: int, pdl: bool) -> Launch:
+    xbytes = (k * 2 + 15) & ~15
+    smem = xbytes + stages * warps * kc + 8 * stages
+    groups = -(-n // warps)
+    grid = min(groups, SMS * bps)
+    return Launch(f"hwp90_gemv_bulk<{'true' if fp8 else 'false'}, {warps}, {kc}, {stages}, {scale}>", (grid, 1, 1), (warps * 32, 1, 1), smem, pdl)
+
+
+def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
+    from hwprofile.skinny import ArchTuning, plan
+
+    return plan(ArchTuning(sm_count=SMS, max_shared_bytes=227 * 1024), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
+
+
+def gemv_round(shapes: list[tuple[int, int]], configs: list[tuple[int, int, int, int, bool]], fp8_configs: list[tuple[int, int, int, int, bool]]) -> None:
+    for n, k in shapes:
+        cublas(1, n, k, False)
+        timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
+        for warps, kc, stages, bps, pdl in configs:
+            la = bulk_launch(n, k, False, warps, kc, stages, bps, 0, pdl)
+            if la.shared_bytes <= 227 * 1024:
+                timed(la, 1, n, k, False, torch.bfloat16, "gemv")
+        timed(old_gemv(n, k, True, 2), 1, n, k, True, torch.bfloat16, "fp8_old", 2)
+        for warps, kc, stages, bps, pdl in fp8_configs:
+            la = bulk_launch(n, k, True, warps, kc, stages, bps, 2, pdl)
+            if la.shared_bytes <= 227 * 1024:
+                timed(la, 1, n, k, True, torch.bfloat16, "fp8", 2)
+
+
+def round1() -> None:
+    launch_cost()
+    router_round((1, 8, 9, 16), [
+        (8, 1, 8, 4, False, False), (8, 1, 8, 4, True, False), (8, 1, 8, 4, True, True),
+        (8, 1, 4, 4, True, True), (8, 1, 2, 4, True, True), (4, 1, 8, 4, True, True),
+        (8, 2, 8, 4, True, True), (8, 2, 4, 4, True, True), (16, 1, 4, 2, True, True), (4, 1, 4, 4, True, True),
+    ])
+    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (28672, 4096), (57344, 7168)]
+    cfg = [(8, 2048, 4, 1, False), (8, 2048, 4, 1, True), (8, 2048, 6, 1, True), (8, 1024, 8, 1, True), (4, 2048, 8, 1, True),
+           (4, 2048, 6, 2, True), (4, 4096, 4, 2, True), (8, 4096, 4, 1, True), (16, 1024, 6, 1, True), (8, 1024, 6, 2, True)]
+    gemv_round(shapes, cfg, cfg[1:8])
+
+
+if __name__ == "__main__":
+    {"1": round1}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
+    bad = [r for r in results if r.get("bad")]
+    print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)

@@ -1,0 +1,266 @@
+// hwprofile-sm90: skinny GEMM / GEMV kernels for Hopper (H100, H200), built by NVRTC for sm_90a.
+//
+// What these kernels use, and why (measurements: benchmarks/RESULTS.md, "Kernels"):
+//  * hwp90_router (router GEMM and small-M linear, bf16 x bf16 -> fp32, M <= 16): the shared
+//    mma.sync tile of hwprofile/gemv.cuh (tensor cores take the 16 tokens, so the FLOPs cost
+//    nothing), K split over the block's warps and over a thread-block cluster whose partial tiles
+//    are summed through distributed shared memory. Hopper additions: programmatic dependent launch
+//    (griddepcontrol) and, before waiting on the predecessor grid, a bulk L2 prefetch of the
+//    weight rows this warp will read: weights are never written by the predecessor, so their DRAM
+//    latency overlaps the previous kernel's tail.
+//  * hwp90_gemv_bulk (bf16 and FP8 e4m3 GEMV, M = 1): weight streaming by the bulk-copy engine.
+//    A persistent grid; each block walks row groups of WARPS rows; warp 0 issues one
+//    cp.async.bulk per row segment into a STAGES-deep shared-memory ring, completing on an
+//    mbarrier, so a block keeps STAGES * WARPS * KC bytes in flight with no load instruction per
+//    16 bytes. x (bf16) is staged in shared memory once per block.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900)
+#error "hwprofile-sm90 kernels are built for sm_90a only"
+#endif
+#include <hwprofile/gemv.cuh>
+#include <hwprofile/async.cuh>
+
+namespace hwp90 {
+
+// Hopper limits these kernels rely on (compute capability 9.0).
+constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in dynamic + static shared memory per block
+constexpr int kMaxPortableCluster = 8;
+constexpr int kMaxThreads = 1024;
+
+// ---------------------------------------------------------------------------------------------
+// Router GEMM: out[M,N] (fp32) = x[M,K] . w[N,K]^T, M <= 16.
+// ---------------------------------------------------------------------------------------------
+template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF>
+__device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x,
+                                       const __nv_bfloat16* __restrict__ w, int M, int N, int K) {
+  static_assert(KSPLIT >= 1 && KSPLIT <= kMaxPortableCluster, "portable cluster sizes on sm_90");
+  static_assert(WARPS * 32 <= kMaxThreads, "threads per block");
+  constexpr int CK = 32;               // k per chunk: 4 lanes x 8 bf16
+  constexpr int TILE = NT * 128;       // accumulator floats per warp
+  static_assert((WARPS + 1) * TILE * 4 <= kMaxSharedPerBlock, "static shared memory of the reduction");
+  __shared__ float red[WARPS * TILE];
+  __shared__ float part[KSPLIT > 1 ? TILE : 1];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * (8 * NT);
+  const int kc = (K + CK - 1) / CK;
+  const int split = KSPLIT > 1 ? static_cast<int>(hwp::cluster_rank()) : 0;
+  const int per = (kc + KSPLIT * WARPS - 1) / (KSPLIT * WARPS);
+  const int c0 = min(kc, (split * WARPS + warp) * per), c1 = min(kc, c0 + per);
+
+  const __nv_bfloat16* wrow[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) wrow[j] = w + static_cast<size_t>(min(n0 + 8 * j + g, N - 1)) * K;
+
+  if constexpr (PF) {
+    // One lane per weight row (t == 0) asks the copy engine for this warp's K slice of the row.
+    const int kb = c0 * CK, ke = min(K, c1 * CK);
+    if (t == 0 && ke > kb) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        if (n0 + 8 * j + g < N) hwp::prefetch_l2(wrow[j] + kb, static_cast<unsigned>(ke - kb) * 2u);
+    }
+  }
+  hwp::pdl_launch_dependents();
+  hwp::pdl_wait();  // x (and out) may belong to the predecessor grid: nothing of them is read before
+
+  const bool has0 = g < M, has1 = MT == 2 && g + 8 < M;
+  const __nv_bfloat16* x0 = x + static_cast<size_t>(min(g, M - 1)) * K;
+  const __nv_bfloat16* x1 = x + static_cast<size_t>(min(g + 8, M - 1)) * K;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  for (int c = c0; c < c1; c += U) {
+    uint4 wv[U][NT], xa[U], xb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load of the batch issued before any use (clamped, masked)
+      const int k = (c + u) * CK + t * 8;
+      const bool ok = c + u < c1 && k < K;
+      const int kk = ok ? k : 0;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4 v = hwp::load_stream(wrow[j] + kk);
+        wv[u][j] = ok ? v : zero;
+      }
+      const uint4 a = hwp::load_reused(x0 + kk);
+      xa[u] = ok && has0 ? a : zero;
+      if constexpr (MT == 2) {
+        const uint4 b = hwp::load_reused(x1 + kk);
+        xb[u] = ok && has1 ? b : zero;
+      } else {
+        xb[u] = zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        hwp::mma_bf16(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
+        hwp::mma_bf16(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
+      }
+  }
+
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) red[warp * TILE + (j * 32 + lane) * 4 + q] = acc[j][q];
+  __syncthreads();
+
+  auto coords = [&](int i, int& m, int& n) {  // accumulator index -> (token, weight row)
+    const int q = i & 3, l = (i >> 2) & 31, j = i >> 7;
+    m = (l >> 2) + (q >= 2 ? 8 : 0);
+    n = n0 + 8 * j + 2 * (l & 3) + (q & 1);
+  };
+  for (int i = threadIdx.x; i < TILE; i += WARPS * 32) {
+    int m, n;
+    coords(i, m, n);
+    if (m >= M || n >= N) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < WARPS; ++q) s += red[q * TILE + i];  // fixed order: deterministic
+    if constexpr (KSPLIT == 1) out[static_cast<size_t>(m) * N + n] = s;
+    else part[i] = s;
+  }
+  if constexpr (KSPLIT > 1) {
+    hwp::cluster_sync();  // every rank's block partial is visible
+    if (split == 0) {
+      for (int i = threadIdx.x; i < TILE; i += WARPS * 32) {
+        int m, n;
+        coords(i, m, n);
+        if (m >= M || n >= N) continue;
+        float s = part[i];
+#pragma unroll
+        for (int r = 1; r < KSPLIT; ++r) s += hwp::load_remote_f32(&part[i], r);
+        out[static_cast<size_t>(m) * N + n] = s;
+      }
+    }
+    hwp::cluster_sync();  // keep every rank's shared memory alive until rank 0 has read it
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV M = 1 by bulk copies: out[N] (bf16) = w[N,K] . x[K] (* scale), fp32 accumulation.
+// Dynamic shared memory: [x: K bf16, rounded to 16 B][STAGES x WARPS x KC weight ring][STAGES mbarriers].
+// ---------------------------------------------------------------------------------------------
+template <bool FP8, int WARPS, int KC, int STAGES, int SCALE>
+__device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
+                                          const void* __restrict__ w, const float* __restrict__ scale, int N, int K,
+                                          unsigned char* smem) {
+  static_assert(KC % 512 == 0 && KC >= 512, "a warp reads 512 bytes per step: 32 lanes x 16 B");
+  static_assert(WARPS >= 1 && WARPS <= 32, "warp 0 issues one copy per row: at most 32 rows per stage");
+  static_assert(STAGES >= 2, "at least double-buffered");
+  static_assert(STAGES * WARPS * KC <= kMaxSharedPerBlock - 16 * 1024, "ring plus a 16 KB x slice must fit 227 KB");
+  constexpr int ESZ = FP8 ? 1 : 2;
+  constexpr int STEPS = KC / 512;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const size_t rowbytes = static_cast<size_t>(K) * ESZ;
+  const int xbytes = (K * 2 + 15) & ~15;
+  uint4* xs = reinterpret_cast<uint4*>(smem);
+  unsigned char* ring = smem + xbytes;
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(ring + STAGES * WARPS * KC);
+
+  const int groups = (N + WARPS - 1) / WARPS;
+  const int mine = groups > static_cast<int>(blockIdx.x) ? (groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int nchunk = static_cast<int>((rowbytes + KC - 1) / KC);
+  const int tiles = mine * nchunk;
+  const char* wb = static_cast<const char*>(w);
+
+  // tile -> (first row of its group, byte offset in the row, bytes per row)
+  auto tile = [&](int ti, int& row0, size_t& off, unsigned& bytes) {
+    const int gi = ti / nchunk, c = ti - gi * nchunk;
+    row0 = (blockIdx.x + gi * gridDim.x) * WARPS;
+    off = static_cast<size_t>(c) * KC;
+    bytes = static_cast<unsigned>(min(static_cast<size_t>(KC), rowbytes - off));
+  };
+
+  if (warp == 0) {
+    if (lane < WARPS) {  // first ring's worth of rows into L2 while the predecessor may still run
+      for (int ti = 0; ti < min(STAGES, tiles); ++ti) {
+        int row0;
+        size_t off;
+        unsigned bytes;
+        tile(ti, row0, off, bytes);
+        if (row0 + lane < N) hwp::prefetch_l2(wb + static_cast<size_t>(row0 + lane) * rowbytes + off, bytes);
+      }
+    }
+    if (lane == 0) {
+      for (int s = 0; s < STAGES; ++s) hwp::mbar_init(&full[s], 1);
+      hwp::mbar_init_fence();
+    }
+  }
+  hwp::pdl_launch_dependents();
+  hwp::pdl_wait();
+
+  auto issue = [&](int ti) {  // warp 0: one bulk copy per valid row of the tile
+    int row0;
+    size_t off;
+    unsigned bytes;
+    tile(ti, row0, off, bytes);
+    const int s = ti % STAGES;
+    const int rows = min(WARPS, N - row0);
+    if (lane == 0) hwp::mbar_arrive_expect_tx(&full[s], bytes * rows);
+    __syncwarp();
+    if (lane < rows) hwp::bulk_copy_g2s(ring + (s * WARPS + lane) * KC, wb + static_cast<size_t>(row0 + lane) * rowbytes + off, bytes, &full[s]);
+  };
+  __syncthreads();  // barriers initialised before warp 0 uses them
+  if (warp == 0)
+    for (int ti = 0; ti < min(STAGES, tiles); ++ti) issue(ti);
+  for (int i = threadIdx.x; i < xbytes / 16; i += WARPS * 32) xs[i] = hwp::load_reused(reinterpret_cast<const uint4*>(x) + i);
+  __syncthreads();
+
+  float acc = 0.f;
+  for (int ti = 0; ti < tiles; ++ti) {
+    int row0;
+    size_t off;
+    unsigned bytes;
+    tile(ti, row0, off, bytes);
+    const int s = ti % STAGES;
+    hwp::mbar_wait(&full[s], (ti / STAGES) & 1);
+    const int row = row0 + warp;
+    if (row < N) {
+      const uint4* src = reinterpret_cast<const uint4*>(ring + (s * WARPS + warp) * KC);
+      const int nv = static_cast<int>(bytes / 16);
+      const int xv0 = static_cast<int>(off / 16) * (FP8 ? 2 : 1);  // first x vector of this chunk
+#pragma unroll
+      for (int q = 0; q < STEPS; ++q) {
+        const int v = lane + 32 * q;
+        if (v < nv) acc = hwp::dot_vec<FP8>(src[v], xs + xv0 + v * (FP8 ? 2 : 1), acc);
+      }
+      if (off + bytes == rowbytes) {  // last chunk of the row: reduce and store
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) {
+          float r = acc;
+          if (SCALE == hwp::kTensorScale) r *= scale[0];
+          if (SCALE == hwp::kRowScale) r *= scale[row];
+          out[row] = __float2bfloat16_rn(r);
+        }
+        acc = 0.f;
+      }
+    }
+    __syncthreads();  // every warp is done with stage s: refill it
+    if (warp == 0 && ti + STAGES < tiles) issue(ti + STAGES);
+  }
+}
+
+}  // namespace hwp90
+
+// Entry points. Name expressions:
+//   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF>          grid (ceil(N / 8NT), KSPLIT), block WARPS*32
+//   hwp90_gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>      persistent grid, block WARPS*32, dynamic smem
+//   hwp_skinny_mma<...>, hwp_gemv_simt<...>            the shared kernels (hwprofile/gemv.cuh)
+template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF>
+__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
+hwp90_router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
+             const float* __restrict__ /*scale*/, int M, int N, int K) {
+  hwp90::router<MT, WARPS, NT, KSPLIT, U, PF>(out, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
+}
+
+template <bool FP8, int WARPS, int KC, int STAGES, int SCALE>
+__global__ void __launch_bounds__(WARPS * 32)
+hwp90_gemv_bulk(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
+                const float* __restrict__ scale, int /*M*/, int N, int K) {
+  extern __shared__ __align__(128) unsigned char hwp90_smem[];
+  hwp90::gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>(out, x, w, scale, N, K, hwp90_smem);
+}
