@@ -105,9 +105,13 @@ def launch_cost() -> None:
 
 
 # --- router ----------------------------------------------------------------------------------------
-def router_launch(m: int, n: int, warps: int, nt: int, ks: int, u: int, pf: bool, pdl: bool) -> Launch:
+def b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def router_launch(m: int, n: int, warps: int, nt: int, ks: int, u: int, pf: bool, pdl: bool, push: bool = False) -> Launch:
     mt = 1 if m <= 8 else 2
-    return Launch(f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {'true' if pf else 'false'}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl)
+    return Launch(f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {b(pf)}, {b(push)}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl)
 
 
 def old_router(m: int, n: int, ks: int = 8) -> Launch:
@@ -115,17 +119,17 @@ def old_router(m: int, n: int, ks: int = 8) -> Launch:
     return Launch(f"hwp_skinny_mma<false, float, {mt}, 8, 1, {ks}, 4, 0>", (-(-n // 8), ks, 1), (256, 1, 1), 0)
 
 
-def router_round(ms: tuple[int, ...], configs: list[tuple[int, int, int, int, bool, bool]]) -> None:
+def router_round(ms: tuple[int, ...], configs: list[tuple]) -> None:
     for n in (256, 384):
         for m in ms:
             cublas(m, n, 7168, True)
-            timed(old_router(m, n), m, n, 7168, False, torch.float32, "router_old")
-            for warps, nt, ks, u, pf, pdl in configs:
-                timed(router_launch(m, n, warps, nt, ks, u, pf, pdl), m, n, 7168, False, torch.float32, "router")
+            timed(old_router(m, n, 8 if n == 256 else 4), m, n, 7168, False, torch.float32, "router_old")
+            for c in configs:
+                timed(router_launch(m, n, *c), m, n, 7168, False, torch.float32, "router")
 
 
 # --- GEMV ------------------------------------------------------------------------------------------
-def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps: int, scale: int, pdl: bool) -> Launch:
+def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps: int, pdl: bool, scale: int) -> Launch:
     xbytes = (k * 2 + 15) & ~15
     smem = xbytes + stages * warps * kc + 8 * stages
     groups = -(-n // warps)
@@ -144,14 +148,81 @@ def gemv_round(shapes: list[tuple[int, int]], configs: list[tuple[int, int, int,
         cublas(1, n, k, False)
         timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
         for warps, kc, stages, bps, pdl in configs:
-            la = bulk_launch(n, k, False, warps, kc, stages, bps, 0, pdl)
+            la = bulk_launch(n, k, False, warps, kc, stages, bps, pdl, 0)
             if la.shared_bytes <= 227 * 1024:
                 timed(la, 1, n, k, False, torch.bfloat16, "gemv")
         timed(old_gemv(n, k, True, 2), 1, n, k, True, torch.bfloat16, "fp8_old", 2)
         for warps, kc, stages, bps, pdl in fp8_configs:
-            la = bulk_launch(n, k, True, warps, kc, stages, bps, 2, pdl)
+            la = bulk_launch(n, k, True, warps, kc, stages, bps, pdl, 2)
             if la.shared_bytes <= 227 * 1024:
                 timed(la, 1, n, k, True, torch.bfloat16, "fp8", 2)
+
+
+def simt_launch(n: int, k: int, fp8: bool, warps: int, rows: int, ks: int, u: int, pfkb: int, pdl: bool, scale: int) -> Launch:
+    vec = 16 if fp8 else 8
+    per = -(-(k // vec) // ks)
+    smem = per * (2 if fp8 else 1) * 16
+    return Launch(f"hwp90_gemv<{b(fp8)}, {warps}, {rows}, {ks}, {u}, {scale}, {pfkb}>", (-(-n // (warps * rows)), ks, 1), (warps * 32, 1, 1), smem, pdl)
+
+
+def gemv_round2(shapes: list[tuple[int, int]], simt: list[tuple], bulk: list[tuple], simt8: list[tuple], bulk8: list[tuple]) -> None:
+    for n, k in shapes:
+        cublas(1, n, k, False)
+        timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
+        for c in simt:
+            timed(simt_launch(n, k, False, *c, 0), 1, n, k, False, torch.bfloat16, "gemv")
+        for c in bulk:
+            la = bulk_launch(n, k, False, *c, 0)
+            if la.shared_bytes <= 227 * 1024:
+                timed(la, 1, n, k, False, torch.bfloat16, "gemv_bulk")
+        timed(old_gemv(n, k, True, 2), 1, n, k, True, torch.bfloat16, "fp8_old", 2)
+        for c in simt8:
+            timed(simt_launch(n, k, True, *c, 2), 1, n, k, True, torch.bfloat16, "fp8", 2)
+        for c in bulk8:
+            la = bulk_launch(n, k, True, *c, 2)
+            if la.shared_bytes <= 227 * 1024:
+                timed(la, 1, n, k, True, torch.bfloat16, "fp8_bulk", 2)
+
+
+def host_launch_cost() -> None:
+    """Host microseconds per launch of a tiny GEMV: cuLaunchKernel vs cuLaunchKernelEx (PDL)."""
+    import time
+
+    x = torch.randn(1, 512, device=dev).bfloat16()
+    w = torch.randn(64, 512, device=dev).bfloat16()
+    out = torch.empty(1, 64, device=dev, dtype=torch.bfloat16)
+    for pdl in (False, True, False, True):
+        la = simt_launch(64, 512, False, 4, 2, 1, 4, 0, pdl, 0)
+        kern = jit.load(SPEC, prof.target, la, 0, ops._ARG_TYPES)
+        args = (out.data_ptr(), x.data_ptr(), w.data_ptr(), 0, 1, 64, 512)
+        st = stream()
+        for _ in range(200):
+            kern.launch(la, st, args)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5000):
+            kern.launch(la, st, args)
+        dt = (time.perf_counter() - t0) / 5000 * 1e6
+        torch.cuda.synchronize()
+        record(tag="host_launch", pdl=pdl, us=dt)
+
+
+def round2() -> None:
+    host_launch_cost()
+    router_round((1, 4, 8, 9, 12, 16), [
+        (8, 1, 8, 4, False, False, False), (8, 1, 8, 4, False, False, True), (8, 1, 8, 4, True, True, True), (8, 1, 8, 4, False, True, True),
+        (16, 1, 4, 2, True, True, True), (16, 1, 4, 2, False, True, True), (16, 1, 4, 2, False, False, True), (16, 1, 4, 2, False, True, False),
+        (8, 2, 8, 4, True, True, True), (8, 2, 8, 4, False, True, True), (16, 1, 8, 2, False, True, True), (16, 2, 4, 2, False, True, True),
+        (8, 2, 4, 4, False, True, True), (4, 1, 8, 4, False, True, True),
+    ])
+    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (4096, 7168), (16384, 5120), (7168, 16384), (28672, 4096), (57344, 7168)]
+    simt = [(4, 2, 1, 4, 0, False), (4, 2, 1, 4, 0, True), (4, 2, 1, 4, 128, True), (4, 2, 1, 4, 32, True), (4, 2, 2, 4, 128, True),
+            (4, 2, 2, 4, 0, False), (8, 1, 1, 4, 128, True), (4, 4, 1, 2, 128, True), (8, 2, 1, 4, 256, True), (4, 1, 1, 8, 64, True)]
+    bulk = [(4, 4096, 4, 2, True), (4, 8192, 3, 2, True), (8, 4096, 5, 1, True)]
+    simt8 = [(4, 2, 1, 2, 0, False), (4, 2, 1, 2, 0, True), (4, 2, 1, 2, 128, True), (4, 2, 1, 2, 32, True), (4, 2, 2, 2, 64, True),
+             (8, 1, 1, 4, 64, True), (4, 4, 1, 2, 128, True), (8, 2, 1, 2, 128, True), (4, 2, 1, 4, 128, True)]
+    bulk8 = [(4, 4096, 4, 2, True)]
+    gemv_round2(shapes, simt, bulk, simt8, bulk8)
 
 
 def round1() -> None:
@@ -168,7 +239,7 @@ def round1() -> None:
 
 
 if __name__ == "__main__":
-    {"1": round1}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    {"1": round1, "2": round2}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)

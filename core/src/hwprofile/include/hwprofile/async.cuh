@@ -59,4 +59,23 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
                : "memory");
 }
 
+// --- thread-block clusters: split arrive/wait, and pushing values into another block's shared memory
+
+// Every thread of every block of the cluster arrives (no ordering of memory: pair it with a fence
+// such as mbar_init_fence for what must be visible), and later waits, once per phase.
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+// Shared-memory address `addr` (of this block) mapped to the same variable in cluster rank `rank`.
+__device__ __forceinline__ unsigned map_to_rank(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+
+// Store one float into another block's shared memory; its mbarrier counts the 4 bytes on arrival.
+__device__ __forceinline__ void st_async_f32(unsigned remote, float v, unsigned remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(remote), "f"(v), "r"(remote_bar) : "memory");
+}
+
 }  // namespace hwp

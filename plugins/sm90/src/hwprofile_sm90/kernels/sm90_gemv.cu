@@ -29,16 +29,19 @@ constexpr int kMaxThreads = 1024;
 // ---------------------------------------------------------------------------------------------
 // Router GEMM: out[M,N] (fp32) = x[M,K] . w[N,K]^T, M <= 16.
 // ---------------------------------------------------------------------------------------------
-template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF>
+template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF, bool PUSH>
 __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x,
                                        const __nv_bfloat16* __restrict__ w, int M, int N, int K) {
   static_assert(KSPLIT >= 1 && KSPLIT <= kMaxPortableCluster, "portable cluster sizes on sm_90");
   static_assert(WARPS * 32 <= kMaxThreads, "threads per block");
   constexpr int CK = 32;               // k per chunk: 4 lanes x 8 bf16
   constexpr int TILE = NT * 128;       // accumulator floats per warp
-  static_assert((WARPS + 1) * TILE * 4 <= kMaxSharedPerBlock, "static shared memory of the reduction");
+  constexpr int INBOX = KSPLIT > 1 ? (KSPLIT - 1) * TILE : 1;
+  static_assert((WARPS * TILE + INBOX + TILE) * 4 + 8 <= kMaxSharedPerBlock, "static shared memory of the reduction");
   __shared__ float red[WARPS * TILE];
-  __shared__ float part[KSPLIT > 1 ? TILE : 1];
+  __shared__ float part[KSPLIT > 1 && !PUSH ? TILE : 1];
+  __shared__ float inbox[PUSH ? INBOX : 1];  // rank 0: the other ranks' block partials, in rank order
+  __shared__ __align__(8) unsigned long long arrived;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * (8 * NT);
@@ -47,18 +50,25 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
   const int per = (kc + KSPLIT * WARPS - 1) / (KSPLIT * WARPS);
   const int c0 = min(kc, (split * WARPS + warp) * per), c1 = min(kc, c0 + per);
 
+  if constexpr (PUSH && KSPLIT > 1) {
+    if (split == 0 && threadIdx.x == 0) {
+      hwp::mbar_init(&arrived, 1);
+      hwp::mbar_arrive_expect_tx(&arrived, (KSPLIT - 1) * TILE * 4);
+      hwp::mbar_init_fence();
+    }
+    hwp::cluster_arrive_relaxed();  // waited for before any rank pushes into rank 0's inbox
+  }
+
   const __nv_bfloat16* wrow[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) wrow[j] = w + static_cast<size_t>(min(n0 + 8 * j + g, N - 1)) * K;
 
   if constexpr (PF) {
-    // One lane per weight row (t == 0) asks the copy engine for this warp's K slice of the row.
-    const int kb = c0 * CK, ke = min(K, c1 * CK);
-    if (t == 0 && ke > kb) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        if (n0 + 8 * j + g < N) hwp::prefetch_l2(wrow[j] + kb, static_cast<unsigned>(ke - kb) * 2u);
-    }
+    // Warp 0 asks the copy engine for this block's K slice of each of its weight rows (one
+    // request per row), before waiting on the predecessor grid: weights are not its output.
+    const int kb = min(K, split * WARPS * per * CK), ke = min(K, (split + 1) * WARPS * per * CK);
+    if (warp == 0 && lane < 8 * NT && n0 + lane < N && ke > kb)
+      hwp::prefetch_l2(w + static_cast<size_t>(n0 + lane) * K + kb, static_cast<unsigned>(ke - kb) * 2u);
   }
   hwp::pdl_launch_dependents();
   hwp::pdl_wait();  // x (and out) may belong to the predecessor grid: nothing of them is read before
@@ -112,30 +122,170 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
     m = (l >> 2) + (q >= 2 ? 8 : 0);
     n = n0 + 8 * j + 2 * (l & 3) + (q & 1);
   };
-  for (int i = threadIdx.x; i < TILE; i += WARPS * 32) {
-    int m, n;
-    coords(i, m, n);
-    if (m >= M || n >= N) continue;
+  auto block_sum = [&](int i) {
     float s = 0.f;
 #pragma unroll
     for (int q = 0; q < WARPS; ++q) s += red[q * TILE + i];  // fixed order: deterministic
-    if constexpr (KSPLIT == 1) out[static_cast<size_t>(m) * N + n] = s;
-    else part[i] = s;
-  }
-  if constexpr (KSPLIT > 1) {
+    return s;
+  };
+
+  if constexpr (KSPLIT == 1) {
+    for (int i = threadIdx.x; i < TILE; i += WARPS * 32) {
+      int m, n;
+      coords(i, m, n);
+      if (m < M && n < N) out[static_cast<size_t>(m) * N + n] = block_sum(i);
+    }
+  } else if constexpr (PUSH) {
+    // Ranks 1.. push their block partials into rank 0's inbox with st.async (counted on rank 0's
+    // mbarrier) and exit; rank 0 waits for the bytes and sums in rank order: deterministic, and
+    // only rank 0 waits at the end.
+    hwp::cluster_wait();  // rank 0's mbarrier is initialised
+    if (split != 0) {
+      const unsigned box = hwp::map_to_rank(hwp::smem_addr(inbox + (split - 1) * TILE), 0);
+      const unsigned bar = hwp::map_to_rank(hwp::smem_addr(&arrived), 0);
+      for (int i = threadIdx.x; i < TILE; i += WARPS * 32) hwp::st_async_f32(box + 4u * i, block_sum(i), bar);
+    } else {
+      hwp::mbar_wait(&arrived, 0);
+      for (int i = threadIdx.x; i < TILE; i += WARPS * 32) {
+        int m, n;
+        coords(i, m, n);
+        if (m >= M || n >= N) continue;
+        float s = block_sum(i);
+#pragma unroll
+        for (int r = 1; r < KSPLIT; ++r) s += inbox[(r - 1) * TILE + i];
+        out[static_cast<size_t>(m) * N + n] = s;
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < TILE; i += WARPS * 32) part[i] = block_sum(i);
     hwp::cluster_sync();  // every rank's block partial is visible
     if (split == 0) {
       for (int i = threadIdx.x; i < TILE; i += WARPS * 32) {
         int m, n;
         coords(i, m, n);
         if (m >= M || n >= N) continue;
-        float s = part[i];
+        float v[KSPLIT];
+        v[0] = part[i];
 #pragma unroll
-        for (int r = 1; r < KSPLIT; ++r) s += hwp::load_remote_f32(&part[i], r);
+        for (int r = 1; r < KSPLIT; ++r) v[r] = hwp::load_remote_f32(&part[i], r);  // all in flight, then summed
+        float s = v[0];
+#pragma unroll
+        for (int r = 1; r < KSPLIT; ++r) s += v[r];
         out[static_cast<size_t>(m) * N + n] = s;
       }
     }
     hwp::cluster_sync();  // keep every rank's shared memory alive until rank 0 has read it
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV M = 1, SIMT: the shared row-contiguous structure (one warp owns ROWS rows, each warp load
+// reads 512 contiguous bytes of a row, register double buffer), plus PDL: before waiting on the
+// predecessor, warp 0 asks the copy engine to pull up to PFKB KB of this block's weight rows into
+// L2, so back-to-back calls keep HBM busy across the kernel boundary.
+// ---------------------------------------------------------------------------------------------
+template <bool FP8, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int PFKB>
+__device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
+                                          const void* __restrict__ w, const float* __restrict__ scale, int N, int K,
+                                          uint4* xs) {
+  static_assert(KSPLIT >= 1 && KSPLIT <= kMaxPortableCluster, "portable cluster sizes on sm_90");
+  static_assert(WARPS * ROWS <= 32, "warp 0 issues one prefetch per row of the block");
+  constexpr int ESZ = FP8 ? 1 : 2;
+  constexpr int VEC = 16 / ESZ;
+  constexpr int XV = FP8 ? 2 : 1;
+  __shared__ float red[KSPLIT > 1 ? WARPS * ROWS : 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int kvec = K / VEC;
+  const int per = (kvec + KSPLIT - 1) / KSPLIT;
+  const int split = KSPLIT > 1 ? static_cast<int>(hwp::cluster_rank()) : 0;
+  const int v0 = min(kvec, split * per), nv = min(kvec, v0 + per) - v0;
+  const int blk0 = blockIdx.x * (WARPS * ROWS), row0 = blk0 + warp * ROWS;
+  const char* wb = static_cast<const char*>(w);
+
+  if constexpr (PFKB > 0) {
+    constexpr unsigned cap = PFKB * 1024u / (WARPS * ROWS);  // per row
+    if (warp == 0 && lane < WARPS * ROWS && blk0 + lane < N && nv > 0)
+      hwp::prefetch_l2(wb + (static_cast<size_t>(blk0 + lane) * kvec + v0) * 16, min(cap & ~15u, static_cast<unsigned>(nv) * 16u));
+  }
+  hwp::pdl_launch_dependents();
+  hwp::pdl_wait();
+
+  const uint4* wrow[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) wrow[r] = reinterpret_cast<const uint4*>(wb + static_cast<size_t>(min(row0 + r, N - 1)) * K * ESZ) + v0;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+
+  uint4 cur[U][ROWS], nxt[U][ROWS];
+  int v = lane;
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {  // clamped address, masked value: straight-line, all in flight
+      const bool ok = v + 32 * u < nv;
+      const uint4 t = hwp::load_stream(wrow[r] + (ok ? v + 32 * u : 0));
+      cur[u][r] = ok ? t : zero;
+    }
+  for (int i = threadIdx.x; i < nv * XV; i += WARPS * 32) xs[i] = hwp::load_reused(reinterpret_cast<const uint4*>(x) + v0 * XV + i);
+  __syncthreads();
+
+  float acc[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+  while (true) {
+    const int vn = v + 32 * U;
+    const bool more = vn < nv;
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const bool ok = vn + 32 * u < nv;
+          const uint4 t = hwp::load_stream(wrow[r] + (ok ? vn + 32 * u : 0));
+          nxt[u][r] = ok ? t : zero;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v + 32 * u < nv) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc[r] = hwp::dot_vec<FP8>(cur[u][r], xs + (v + 32 * u) * XV, acc[r]);
+      }
+    if (!more) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) cur[u][r] = nxt[u][r];
+    v = vn;
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+
+  auto finish = [&](int n, float s) {
+    if (n < N) {
+      if (SCALE == hwp::kTensorScale) s *= scale[0];
+      if (SCALE == hwp::kRowScale) s *= scale[n];
+      out[n] = __float2bfloat16_rn(s);
+    }
+  };
+  if constexpr (KSPLIT == 1) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+      if (lane == r) finish(row0 + r, acc[r]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+      if (lane == r) red[warp * ROWS + r] = acc[r];
+    hwp::cluster_sync();
+    if (split == 0)
+      for (int i = threadIdx.x; i < WARPS * ROWS; i += WARPS * 32) {
+        float s = red[i];
+#pragma unroll
+        for (int q = 1; q < KSPLIT; ++q) s += hwp::load_remote_f32(&red[i], q);  // fixed order: deterministic
+        finish(blk0 + i, s);
+      }
+    hwp::cluster_sync();
   }
 }
 
@@ -247,14 +397,23 @@ __device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const
 }  // namespace hwp90
 
 // Entry points. Name expressions:
-//   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF>          grid (ceil(N / 8NT), KSPLIT), block WARPS*32
+//   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>    grid (ceil(N / 8NT), KSPLIT), block WARPS*32
+//   hwp90_gemv<FP8, WARPS, ROWS, KSPLIT, U, SCALE, PFKB> grid (ceil(N / (WARPS*ROWS)), KSPLIT), smem = x slice
 //   hwp90_gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>      persistent grid, block WARPS*32, dynamic smem
 //   hwp_skinny_mma<...>, hwp_gemv_simt<...>            the shared kernels (hwprofile/gemv.cuh)
-template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF>
+template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF, bool PUSH>
 __global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
 hwp90_router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
              const float* __restrict__ /*scale*/, int M, int N, int K) {
-  hwp90::router<MT, WARPS, NT, KSPLIT, U, PF>(out, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
+  hwp90::router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>(out, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
+}
+
+template <bool FP8, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int PFKB>
+__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
+hwp90_gemv(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
+           const float* __restrict__ scale, int /*M*/, int N, int K) {
+  extern __shared__ uint4 hwp90_xs[];
+  hwp90::gemv_simt<FP8, WARPS, ROWS, KSPLIT, U, SCALE, PFKB>(out, x, w, scale, N, K, hwp90_xs);
 }
 
 template <bool FP8, int WARPS, int KC, int STAGES, int SCALE>
