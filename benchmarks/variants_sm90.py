@@ -225,6 +225,36 @@ def round2() -> None:
     gemv_round2(shapes, simt, bulk, simt8, bulk8)
 
 
+def persist_launch(n: int, k: int, fp8: bool, warps: int, rows: int, u: int, bps: int, pdl: bool, scale: int) -> Launch:
+    groups = -(-n // (warps * rows))
+    grid = groups if bps == 0 else min(groups, SMS * bps)
+    smem = (k * 2 + 15) // 16 * 16  # x, bf16
+    return Launch(f"hwp90_gemv<{b(fp8)}, {warps}, {rows}, {u}, {scale}>", (grid, 1, 1), (warps * 32, 1, 1), smem, pdl)
+
+
+def round3() -> None:
+    router_round((1, 2, 4, 6, 8, 9, 12, 16), [
+        (8, 1, 8, 4, True, True, True), (8, 1, 8, 4, True, True, False), (16, 1, 4, 2, True, True, True), (8, 2, 8, 4, True, True, True),
+        (16, 2, 4, 2, True, True, True), (8, 1, 4, 4, True, True, True), (16, 1, 8, 2, True, True, True), (4, 1, 8, 4, True, True, True),
+    ])
+    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (4096, 7168), (16384, 5120), (7168, 16384), (28672, 4096), (57344, 7168), (2048, 16384)]
+    cfg = [(4, 2, 4, 0, False), (4, 2, 4, 4, False), (4, 2, 4, 4, True), (4, 2, 4, 8, False), (8, 2, 4, 2, False), (4, 2, 8, 2, False),
+           (4, 4, 2, 4, False), (2, 2, 4, 8, False)]
+    cfg8 = [(4, 2, 2, 0, False), (4, 2, 2, 4, False), (4, 2, 4, 4, False), (4, 4, 2, 4, False), (8, 2, 2, 2, False), (4, 2, 4, 8, False),
+            (2, 2, 4, 8, False), (4, 2, 4, 4, True)]
+    for n, k in shapes:
+        cublas(1, n, k, False)
+        timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
+        for c in cfg:
+            timed(persist_launch(n, k, False, *c, 0), 1, n, k, False, torch.bfloat16, "gemv")
+        la = bulk_launch(n, k, False, 4, 4096, 4, 2, True, 0)
+        if la.shared_bytes <= 227 * 1024:
+            timed(la, 1, n, k, False, torch.bfloat16, "gemv_bulk")
+        timed(old_gemv(n, k, True, 2), 1, n, k, True, torch.bfloat16, "fp8_old", 2)
+        for c in cfg8:
+            timed(persist_launch(n, k, True, *c, 2), 1, n, k, True, torch.bfloat16, "fp8", 2)
+
+
 def round1() -> None:
     launch_cost()
     router_round((1, 8, 9, 16), [
@@ -239,7 +269,7 @@ def round1() -> None:
 
 
 if __name__ == "__main__":
-    {"1": round1, "2": round2}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    {"1": round1, "2": round2, "3": round3}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)

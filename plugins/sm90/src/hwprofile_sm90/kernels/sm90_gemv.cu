@@ -25,6 +25,7 @@ namespace hwp90 {
 constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in dynamic + static shared memory per block
 constexpr int kMaxPortableCluster = 8;
 constexpr int kMaxThreads = 1024;
+static_assert(kMaxSharedPerBlock == 232448 && kMaxPortableCluster == 8 && kMaxThreads == 1024, "sm_90 limits (CUDA guide, compute capability 9.0)");
 
 // ---------------------------------------------------------------------------------------------
 // Router GEMM: out[M,N] (fp32) = x[M,K] . w[N,K]^T, M <= 16.
@@ -179,113 +180,97 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
 }
 
 // ---------------------------------------------------------------------------------------------
-// GEMV M = 1, SIMT: the shared row-contiguous structure (one warp owns ROWS rows, each warp load
-// reads 512 contiguous bytes of a row, register double buffer), plus PDL: before waiting on the
-// predecessor, warp 0 asks the copy engine to pull up to PFKB KB of this block's weight rows into
-// L2, so back-to-back calls keep HBM busy across the kernel boundary.
+// GEMV M = 1, SIMT, persistent: one warp owns ROWS rows of a row group (WARPS * ROWS rows); each
+// warp load reads 512 contiguous bytes of one row (16-byte evict-first loads, the pattern HBM
+// streams best). A block walks row groups blockIdx.x, blockIdx.x + gridDim.x, ...: x is staged in
+// shared memory once per block, not once per group (with 8 rows per group, restaging x cost an
+// extra 1/8 of the weight bytes in L2 traffic), and the register double buffer runs across group
+// boundaries, so the next group's first loads are in flight while this group is reduced.
 // ---------------------------------------------------------------------------------------------
-template <bool FP8, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int PFKB>
+template <bool FP8, int WARPS, int ROWS, int U, int SCALE>
 __device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
                                           const void* __restrict__ w, const float* __restrict__ scale, int N, int K,
                                           uint4* xs) {
-  static_assert(KSPLIT >= 1 && KSPLIT <= kMaxPortableCluster, "portable cluster sizes on sm_90");
-  static_assert(WARPS * ROWS <= 32, "warp 0 issues one prefetch per row of the block");
+  static_assert(WARPS * 32 <= kMaxThreads, "threads per block");
   constexpr int ESZ = FP8 ? 1 : 2;
   constexpr int VEC = 16 / ESZ;
   constexpr int XV = FP8 ? 2 : 1;
-  __shared__ float red[KSPLIT > 1 ? WARPS * ROWS : 1];
+  constexpr int RB = WARPS * ROWS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvec = K / VEC;
-  const int per = (kvec + KSPLIT - 1) / KSPLIT;
-  const int split = KSPLIT > 1 ? static_cast<int>(hwp::cluster_rank()) : 0;
-  const int v0 = min(kvec, split * per), nv = min(kvec, v0 + per) - v0;
-  const int blk0 = blockIdx.x * (WARPS * ROWS), row0 = blk0 + warp * ROWS;
-  const char* wb = static_cast<const char*>(w);
-
-  if constexpr (PFKB > 0) {
-    constexpr unsigned cap = PFKB * 1024u / (WARPS * ROWS);  // per row
-    if (warp == 0 && lane < WARPS * ROWS && blk0 + lane < N && nv > 0)
-      hwp::prefetch_l2(wb + (static_cast<size_t>(blk0 + lane) * kvec + v0) * 16, min(cap & ~15u, static_cast<unsigned>(nv) * 16u));
-  }
-  hwp::pdl_launch_dependents();
-  hwp::pdl_wait();
-
-  const uint4* wrow[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) wrow[r] = reinterpret_cast<const uint4*>(wb + static_cast<size_t>(min(row0 + r, N - 1)) * K * ESZ) + v0;
+  const int nv = K / VEC;                  // 16-byte vectors per row
+  const int groups = (N + RB - 1) / RB;
+  const uint4* wv = static_cast<const uint4*>(w);
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  auto rowp = [&](int grp, int r) { return wv + static_cast<size_t>(min(grp * RB + warp * ROWS + r, N - 1)) * nv; };
+
+  hwp::pdl_launch_dependents();
+  hwp::pdl_wait();  // x (and out) may belong to the predecessor grid
+  int grp = blockIdx.x;
+  if (grp >= groups) return;
 
   uint4 cur[U][ROWS], nxt[U][ROWS];
-  int v = lane;
+  int vb = 0;  // warp-uniform first vector of the batch in `cur`
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {  // clamped address, masked value: straight-line, all in flight
-      const bool ok = v + 32 * u < nv;
-      const uint4 t = hwp::load_stream(wrow[r] + (ok ? v + 32 * u : 0));
-      cur[u][r] = ok ? t : zero;
+      const int v = lane + 32 * u;
+      const uint4 t = hwp::load_stream(rowp(grp, r) + (v < nv ? v : 0));
+      cur[u][r] = v < nv ? t : zero;
     }
-  for (int i = threadIdx.x; i < nv * XV; i += WARPS * 32) xs[i] = hwp::load_reused(reinterpret_cast<const uint4*>(x) + v0 * XV + i);
+  for (int i = threadIdx.x; i < nv * XV; i += WARPS * 32) xs[i] = hwp::load_reused(reinterpret_cast<const uint4*>(x) + i);
   __syncthreads();
 
   float acc[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
   while (true) {
-    const int vn = v + 32 * U;
-    const bool more = vn < nv;
+    int vn = vb + 32 * U, gn = grp;
+    if (vn >= nv) {  // this group's row ends with `cur`: the next batch starts the block's next group
+      vn = 0;
+      gn = grp + gridDim.x;
+    }
+    const bool more = gn < groups;
     if (more) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          const bool ok = vn + 32 * u < nv;
-          const uint4 t = hwp::load_stream(wrow[r] + (ok ? vn + 32 * u : 0));
-          nxt[u][r] = ok ? t : zero;
+          const int v = vn + lane + 32 * u;
+          const uint4 t = hwp::load_stream(rowp(gn, r) + (v < nv ? v : 0));
+          nxt[u][r] = v < nv ? t : zero;
         }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (v + 32 * u < nv) {
+    for (int u = 0; u < U; ++u) {
+      const int v = vb + lane + 32 * u;
+      if (v < nv) {
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) acc[r] = hwp::dot_vec<FP8>(cur[u][r], xs + (v + 32 * u) * XV, acc[r]);
+        for (int r = 0; r < ROWS; ++r) acc[r] = hwp::dot_vec<FP8>(cur[u][r], xs + v * XV, acc[r]);
       }
+    }
+    if (gn != grp) {  // warp-uniform: reduce and store this group's rows
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        const int n = grp * RB + warp * ROWS + r;
+        if (lane == r && n < N) {
+          float s = acc[r];
+          if (SCALE == hwp::kTensorScale) s *= scale[0];
+          if (SCALE == hwp::kRowScale) s *= scale[n];
+          out[n] = __float2bfloat16_rn(s);
+        }
+        acc[r] = 0.f;
+      }
+    }
     if (!more) break;
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) cur[u][r] = nxt[u][r];
-    v = vn;
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-
-  auto finish = [&](int n, float s) {
-    if (n < N) {
-      if (SCALE == hwp::kTensorScale) s *= scale[0];
-      if (SCALE == hwp::kRowScale) s *= scale[n];
-      out[n] = __float2bfloat16_rn(s);
-    }
-  };
-  if constexpr (KSPLIT == 1) {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-      if (lane == r) finish(row0 + r, acc[r]);
-  } else {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-      if (lane == r) red[warp * ROWS + r] = acc[r];
-    hwp::cluster_sync();
-    if (split == 0)
-      for (int i = threadIdx.x; i < WARPS * ROWS; i += WARPS * 32) {
-        float s = red[i];
-#pragma unroll
-        for (int q = 1; q < KSPLIT; ++q) s += hwp::load_remote_f32(&red[i], q);  // fixed order: deterministic
-        finish(blk0 + i, s);
-      }
-    hwp::cluster_sync();
+    vb = vn;
+    grp = gn;
   }
 }
 
@@ -398,7 +383,7 @@ __device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const
 
 // Entry points. Name expressions:
 //   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>    grid (ceil(N / 8NT), KSPLIT), block WARPS*32
-//   hwp90_gemv<FP8, WARPS, ROWS, KSPLIT, U, SCALE, PFKB> grid (ceil(N / (WARPS*ROWS)), KSPLIT), smem = x slice
+//   hwp90_gemv<FP8, WARPS, ROWS, U, SCALE>              grid <= ceil(N / (WARPS*ROWS)) (persistent), smem = x
 //   hwp90_gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>      persistent grid, block WARPS*32, dynamic smem
 //   hwp_skinny_mma<...>, hwp_gemv_simt<...>            the shared kernels (hwprofile/gemv.cuh)
 template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF, bool PUSH>
@@ -408,12 +393,12 @@ hwp90_router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x, const
   hwp90::router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>(out, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
 }
 
-template <bool FP8, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int PFKB>
-__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
+template <bool FP8, int WARPS, int ROWS, int U, int SCALE>
+__global__ void __launch_bounds__(WARPS * 32)
 hwp90_gemv(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
            const float* __restrict__ scale, int /*M*/, int N, int K) {
   extern __shared__ uint4 hwp90_xs[];
-  hwp90::gemv_simt<FP8, WARPS, ROWS, KSPLIT, U, SCALE, PFKB>(out, x, w, scale, N, K, hwp90_xs);
+  hwp90::gemv_simt<FP8, WARPS, ROWS, U, SCALE>(out, x, w, scale, N, K, hwp90_xs);
 }
 
 template <bool FP8, int WARPS, int KC, int STAGES, int SCALE>
