@@ -5,6 +5,9 @@ L2 by rotating weight copies, median of 15 replays, bench_ops.py's timer), check
 variant against a float64 reference first, and measures what a launch costs by itself: an empty
 kernel with clusters of 1..8 blocks, with and without programmatic dependent launch (PDL).
 Usage: OUT=dir python benchmarks/variants_sm90.py [round]   (writes variants_sm90.json)
+Rounds 1-3 ran against earlier revisions of the source (their logs are in benchmarks/h200/); kernel
+templates changed since (hwp90_gemv lost its split-K and prefetch parameters, hwp90_router gained
+PUSH and MINB), so only the latest round runs against the current source as is.
 """
 
 from __future__ import annotations
@@ -109,21 +112,22 @@ def b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def router_launch(m: int, n: int, warps: int, nt: int, ks: int, u: int, pf: bool, pdl: bool, push: bool = False) -> Launch:
+def router_launch(m: int, n: int, warps: int, nt: int, ks: int, u: int, pf: bool, pdl: bool, push: bool = False, minb: int = 1) -> Launch:
     mt = 1 if m <= 8 else 2
-    return Launch(f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {b(pf)}, {b(push)}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl)
+    return Launch(f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {b(pf)}, {b(push)}, {minb}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl)
 
 
-def old_router(m: int, n: int, ks: int = 8) -> Launch:
-    mt = 1 if m <= 8 else 2
-    return Launch(f"hwp_skinny_mma<false, float, {mt}, 8, 1, {ks}, 4, 0>", (-(-n // 8), ks, 1), (256, 1, 1), 0)
+def planned_router(m: int, n: int) -> Launch:
+    from hwprofile_sm90.planning import plan_router
+
+    return plan_router(m=m, n=n, k=7168, split_k=True)
 
 
 def router_round(ms: tuple[int, ...], configs: list[tuple]) -> None:
     for n in (256, 384):
         for m in ms:
             cublas(m, n, 7168, True)
-            timed(old_router(m, n, 8 if n == 256 else 4), m, n, 7168, False, torch.float32, "router_old")
+            timed(planned_router(m, n), m, n, 7168, False, torch.float32, "router_plan")
             for c in configs:
                 timed(router_launch(m, n, *c), m, n, 7168, False, torch.float32, "router")
 
@@ -138,9 +142,11 @@ def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps
 
 
 def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
-    from hwprofile.skinny import ArchTuning, plan
+    """The shared SIMT body as the previous version planned it (split-K over a 2-block cluster below 3 groups per SM)."""
+    from hwprofile.skinny import plan
+    from hwprofile_sm90.planning import TUNING
 
-    return plan(ArchTuning(sm_count=SMS, max_shared_bytes=227 * 1024), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
+    return plan(TUNING._replace(sm_count=SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
 
 
 def gemv_round(shapes: list[tuple[int, int]], configs: list[tuple[int, int, int, int, bool]], fp8_configs: list[tuple[int, int, int, int, bool]]) -> None:
@@ -255,6 +261,17 @@ def round3() -> None:
             timed(persist_launch(n, k, True, *c, 2), 1, n, k, True, torch.bfloat16, "fp8", 2)
 
 
+def round4() -> None:
+    """Register caps for PDL co-residency (MINB), on the round-3 winners."""
+    launch_cost()
+    configs = []
+    for warps, nt, ks, u in ((8, 1, 8, 4), (16, 1, 4, 2), (8, 2, 8, 4), (16, 2, 4, 2)):
+        full = 1024 // (warps * 32)
+        for minb in sorted({1, max(1, full // 2), full}):
+            configs.append((warps, nt, ks, u, True, True, True, minb))
+    router_round((1, 4, 8, 9, 12, 16), configs)
+
+
 def round1() -> None:
     launch_cost()
     router_round((1, 8, 9, 16), [
@@ -269,7 +286,7 @@ def round1() -> None:
 
 
 if __name__ == "__main__":
-    {"1": round1, "2": round2, "3": round3}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    {"1": round1, "2": round2, "3": round3, "4": round4}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)

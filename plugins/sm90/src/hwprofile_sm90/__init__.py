@@ -10,11 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hwprofile import ArchSpec, EnvDefault, Value, hookimpl
-from hwprofile.skinny import ArchTuning, kernel_specs
 from hwprofile.stamps import Stamp
 
 NAME = "sm90"
-TUNING = ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, max_cluster=8)
 
 
 @hookimpl
@@ -74,4 +72,7 @@ def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str
 
 @hookimpl
 def hwprofile_kernels(device: Any, target: str) -> list[Any]:
-    return kernel_specs(__name__, "kernels/sm90_gemv.cu", TUNING)
+    """sm_90a kernels (``kernels/sm90_gemv.cu``), planned per shape by :mod:`hwprofile_sm90.planning`."""
+    from .planning import kernel_specs
+
+    return kernel_specs(__name__)

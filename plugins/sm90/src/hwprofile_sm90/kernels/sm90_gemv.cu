@@ -382,14 +382,19 @@ __device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const
 }  // namespace hwp90
 
 // Entry points. Name expressions:
-//   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>    grid (ceil(N / 8NT), KSPLIT), block WARPS*32
+//   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF, PUSH, MINB>  grid (ceil(N / 8NT), KSPLIT), block WARPS*32
 //   hwp90_gemv<FP8, WARPS, ROWS, U, SCALE>              grid <= ceil(N / (WARPS*ROWS)) (persistent), smem = x
 //   hwp90_gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>      persistent grid, block WARPS*32, dynamic smem
-//   hwp_skinny_mma<...>, hwp_gemv_simt<...>            the shared kernels (hwprofile/gemv.cuh)
-template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF, bool PUSH>
-__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
+//   hwp90_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>  the shared SIMT body (hwprofile/gemv.cuh):
+//       split-K over a cluster for small N, and the FP8 GEMV; grid (ceil(N / (WARPS*ROWS)), KSPLIT)
+// MINB (blocks per SM for __launch_bounds__) caps the registers so that blocks of this launch and
+// of the next PDL-launched one fit on an SM together: with about 2 blocks of each per SM, MINB
+// blocks of WARPS*32 threads = 1024 threads caps a thread at 64 registers.
+template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF, bool PUSH, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB) __cluster_dims__(1, KSPLIT, 1)
 hwp90_router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
              const float* __restrict__ /*scale*/, int M, int N, int K) {
+  static_assert(MINB >= 1 && MINB * WARPS * 32 <= 2048, "at most 2048 threads per SM on sm_90");
   hwp90::router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>(out, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
 }
 
@@ -407,4 +412,15 @@ hwp90_gemv_bulk(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict
                 const float* __restrict__ scale, int /*M*/, int N, int K) {
   extern __shared__ __align__(128) unsigned char hwp90_smem[];
   hwp90::gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>(out, x, w, scale, N, K, hwp90_smem);
+}
+
+template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
+__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
+hwp90_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
+                const float* __restrict__ scale, int /*M*/, int N, int K) {
+  static_assert(KSPLIT >= 1 && KSPLIT <= hwp90::kMaxPortableCluster, "portable cluster sizes on sm_90");
+  static_assert(WARPS * 32 <= hwp90::kMaxThreads, "threads per block");
+  // dynamic shared memory (the staged x slice) is planned against 227 KB in hwprofile_sm90.planning
+  extern __shared__ uint4 hwp90_xs[];
+  hwp::simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, hwp90_xs);
 }
