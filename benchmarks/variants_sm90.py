@@ -231,11 +231,11 @@ def round2() -> None:
     gemv_round2(shapes, simt, bulk, simt8, bulk8)
 
 
-def persist_launch(n: int, k: int, fp8: bool, warps: int, rows: int, u: int, bps: int, pdl: bool, scale: int) -> Launch:
+def persist_launch(n: int, k: int, fp8: bool, warps: int, rows: int, u: int, bps: int, pdl: bool, scale: int, ld: int = 0) -> Launch:
     groups = -(-n // (warps * rows))
     grid = groups if bps == 0 else min(groups, SMS * bps)
     smem = (k * 2 + 15) // 16 * 16  # x, bf16
-    return Launch(f"hwp90_gemv<{b(fp8)}, {warps}, {rows}, {u}, {scale}>", (grid, 1, 1), (warps * 32, 1, 1), smem, pdl)
+    return Launch(f"hwp90_gemv<{b(fp8)}, {warps}, {rows}, {u}, {scale}, {ld}>", (grid, 1, 1), (warps * 32, 1, 1), smem, pdl)
 
 
 def round3() -> None:
@@ -272,6 +272,31 @@ def round4() -> None:
     router_round((1, 4, 8, 9, 12, 16), configs)
 
 
+def split_launch(n: int, k: int, fp8: bool, warps: int, rows: int, ks: int, u: int, scale: int) -> Launch:
+    vec = 16 if fp8 else 8
+    smem = -(-(k // vec) // ks) * (2 if fp8 else 1) * 16
+    expr = f"hwp90_gemv_simt<{b(fp8)}, __nv_bfloat16, 1, {warps}, {rows}, {ks}, {u}, {scale}>"
+    return Launch(expr, (-(-n // (warps * rows)), ks, 1), (warps * 32, 1, 1), smem)
+
+
+def round5() -> None:
+    """GEMV: wider cluster splits for small N, the L2::256B load hint, FP8 tiles; router: the planned launches."""
+    router_round((1, 4, 8, 9, 12, 16), [(8, 2, 8, 4, True, True, True, 2), (8, 1, 8, 4, True, True, True, 2)])
+    small = [(2048, 7168), (4096, 4096), (7168, 2048), (2048, 16384)]
+    big = [(16384, 5120), (28672, 4096), (57344, 7168)]
+    for n, k in small + big:
+        cublas(1, n, k, False)
+        timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
+        for c in [(4, 2, 4, 4), (8, 2, 2, 4), (4, 1, 4, 8), (8, 1, 4, 4), (4, 2, 2, 8)] if (n, k) in small else []:
+            timed(split_launch(n, k, False, *c, 0), 1, n, k, False, torch.bfloat16, "gemv_split")
+        for ld in (0, 1):
+            for warps, rows, u, bps in ((8, 2, 4, 2), (8, 1, 8, 2), (4, 2, 4, 4)):
+                timed(persist_launch(n, k, False, warps, rows, u, bps, False, 0, ld), 1, n, k, False, torch.bfloat16, f"gemv_ld{ld}")
+        timed(old_gemv(n, k, True, 2), 1, n, k, True, torch.bfloat16, "fp8_old", 2)
+        for c in [(4, 2, 2, 4), (4, 2, 4, 2), (4, 2, 4, 4), (8, 1, 2, 4), (4, 4, 2, 2), (2, 2, 4, 4), (8, 2, 2, 2), (4, 1, 4, 8)]:
+            timed(split_launch(n, k, True, *c, 2), 1, n, k, True, torch.bfloat16, "fp8_split", 2)
+
+
 def round1() -> None:
     launch_cost()
     router_round((1, 8, 9, 16), [
@@ -286,7 +311,7 @@ def round1() -> None:
 
 
 if __name__ == "__main__":
-    {"1": round1, "2": round2, "3": round3, "4": round4}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)

@@ -187,7 +187,20 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
 // extra 1/8 of the weight bytes in L2 traffic), and the register double buffer runs across group
 // boundaries, so the next group's first loads are in flight while this group is reduced.
 // ---------------------------------------------------------------------------------------------
-template <bool FP8, int WARPS, int ROWS, int U, int SCALE>
+// LD: 0 = ld.global.cs (evict-first), 1 = ld.global.nc.L1::no_allocate.L2::256B (no L1 line,
+// 256-byte L2 fetch granularity).
+template <int LD>
+__device__ __forceinline__ uint4 load_w(const uint4* p) {
+  if constexpr (LD == 0) {
+    return hwp::load_stream(p);
+  } else {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+  }
+}
+
+template <bool FP8, int WARPS, int ROWS, int U, int SCALE, int LD>
 __device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
                                           const void* __restrict__ w, const float* __restrict__ scale, int N, int K,
                                           uint4* xs) {
@@ -215,7 +228,7 @@ __device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {  // clamped address, masked value: straight-line, all in flight
       const int v = lane + 32 * u;
-      const uint4 t = hwp::load_stream(rowp(grp, r) + (v < nv ? v : 0));
+      const uint4 t = load_w<LD>(rowp(grp, r) + (v < nv ? v : 0));
       cur[u][r] = v < nv ? t : zero;
     }
   for (int i = threadIdx.x; i < nv * XV; i += WARPS * 32) xs[i] = hwp::load_reused(reinterpret_cast<const uint4*>(x) + i);
@@ -237,7 +250,7 @@ __device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
           const int v = vn + lane + 32 * u;
-          const uint4 t = hwp::load_stream(rowp(gn, r) + (v < nv ? v : 0));
+          const uint4 t = load_w<LD>(rowp(gn, r) + (v < nv ? v : 0));
           nxt[u][r] = v < nv ? t : zero;
         }
     }
@@ -398,12 +411,12 @@ hwp90_router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x, const
   hwp90::router<MT, WARPS, NT, KSPLIT, U, PF, PUSH>(out, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
 }
 
-template <bool FP8, int WARPS, int ROWS, int U, int SCALE>
+template <bool FP8, int WARPS, int ROWS, int U, int SCALE, int LD = 0>
 __global__ void __launch_bounds__(WARPS * 32)
 hwp90_gemv(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
            const float* __restrict__ scale, int /*M*/, int N, int K) {
   extern __shared__ uint4 hwp90_xs[];
-  hwp90::gemv_simt<FP8, WARPS, ROWS, U, SCALE>(out, x, w, scale, N, K, hwp90_xs);
+  hwp90::gemv_simt<FP8, WARPS, ROWS, U, SCALE, LD>(out, x, w, scale, N, K, hwp90_xs);
 }
 
 template <bool FP8, int WARPS, int KC, int STAGES, int SCALE>
