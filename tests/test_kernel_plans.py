@@ -75,12 +75,13 @@ def test_launch_plans_fit_the_sm_and_name_the_plugins_entry_points(sim: str, mon
 def test_sm90_router_plan_uses_pdl_and_the_measured_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     from hwprofile_sm90.planning import plan_router
 
-    # variants_sm90 round 3: N=256 -> 8 warps, cluster of 8; N=384, M<=8 -> 16 warps, cluster of 4;
-    # N=384, M>=9 -> 16 rows per block, cluster of 8
-    assert plan_router(m=1, n=256, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 1, 8, 4, true, true, 1>"
-    assert plan_router(m=16, n=256, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 1, 8, 4, true, true, 1>"
-    assert plan_router(m=8, n=384, k=7168, split_k=True).name_expression == "hwp90_router<1, 16, 1, 4, 2, true, true, 1>"
-    assert plan_router(m=9, n=384, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 8, 4, true, true, 1>"
+    # variants_sm90 rounds 3-5: N=256 -> 8 rows a block, cluster of 8; N=384 -> 16 rows a block, cluster of 8;
+    # fewer groups -> a cluster of 4 with 16 warps
+    assert plan_router(m=1, n=256, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 1, 8, 4, true, true, 2>"
+    assert plan_router(m=16, n=256, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 1, 8, 4, true, true, 2>"
+    assert plan_router(m=8, n=384, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 2, 8, 4, true, true, 2>"
+    assert plan_router(m=9, n=384, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 8, 4, true, true, 2>"
+    assert plan_router(m=2, n=1024, k=7168, split_k=True).name_expression == "hwp90_router<1, 16, 2, 4, 2, true, true, 1>"
     la = plan_router(m=4, n=256, k=7168, split_k=False)
     assert la.grid == (32, 1, 1) and la.pdl
     with pytest.raises(ValueError, match="M=17"):

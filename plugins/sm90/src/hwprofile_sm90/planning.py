@@ -5,8 +5,8 @@ from the variant sweeps on the H200 (``benchmarks/variants_sm90.py``, logs in ``
 
 * fp32 output (router GEMM, small-M linear): ``hwp90_router``, always launched with programmatic
   dependent launch. K is split over the block's warps and a cluster of up to 8 blocks until the
-  grid has about two blocks per SM; ranks push their partials into rank 0 (``st.async``).
-  With 16 tokens and many weight-row groups, 16 rows per block halve the x traffic from L2.
+  grid has about two blocks per SM; ranks push their partials into rank 0 (``st.async``). Beyond
+  32 groups of 8 rows, 16 rows per block (N = 384: 2.9-3.5 against 3.0-4.4 us at 8 rows).
 * bf16 GEMV: when fewer than 3 row groups per SM exist (N < 3168 at 8 rows a group), the shared
   split-K kernel (a 2-block cluster) fills the SMs best; otherwise ``hwp90_gemv``, a persistent
   grid of 2 blocks per SM that stages x once per block.
@@ -42,7 +42,7 @@ def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COU
     if k % 8:
         raise ValueError(f"K={k} must be a multiple of 8 for 16-byte loads")
     mt = 1 if m <= 8 else 2
-    nt = 2 if m > 8 and -(-n // 8) > 32 else 1
+    nt = 2 if -(-n // 8) > 32 else 1  # 16 rows a block halve x's L2 traffic once N fills the SMs
     groups = -(-n // (8 * nt))
     chunks = -(-k // 32)
     ksplit = 1
@@ -50,7 +50,9 @@ def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COU
         while ksplit < 8 and groups * ksplit * 2 <= 2 * sm_count and chunks >= 2 * (ksplit * 2) * 8:
             ksplit *= 2
     warps, unroll = (16, 2) if ksplit == 4 else (8, 4)
-    minb = 1  # register cap (blocks per SM for __launch_bounds__); see variants_sm90 round 4
+    # __launch_bounds__ blocks per SM: 2 x 256 threads caps a thread at 128 registers, so the next PDL
+    # launch's blocks fit beside this one's (variants round 4); 16 warps get no cap (64 would spill)
+    minb = 2 if warps == 8 else 1
     expr = f"hwp90_router<{mt}, {warps}, {nt}, {ksplit}, {unroll}, true, true, {minb}>"
     return Launch(expr, (groups, ksplit, 1), (warps * 32, 1, 1), shared_bytes=0, pdl=True)
 

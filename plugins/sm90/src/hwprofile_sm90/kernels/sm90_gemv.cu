@@ -1,18 +1,25 @@
 // hwprofile-sm90: skinny GEMM / GEMV kernels for Hopper (H100, H200), built by NVRTC for sm_90a.
 //
-// What these kernels use, and why (measurements: benchmarks/RESULTS.md, "Kernels"):
-//  * hwp90_router (router GEMM and small-M linear, bf16 x bf16 -> fp32, M <= 16): the shared
-//    mma.sync tile of hwprofile/gemv.cuh (tensor cores take the 16 tokens, so the FLOPs cost
-//    nothing), K split over the block's warps and over a thread-block cluster whose partial tiles
-//    are summed through distributed shared memory. Hopper additions: programmatic dependent launch
-//    (griddepcontrol) and, before waiting on the predecessor grid, a bulk L2 prefetch of the
-//    weight rows this warp will read: weights are never written by the predecessor, so their DRAM
-//    latency overlaps the previous kernel's tail.
-//  * hwp90_gemv_bulk (bf16 and FP8 e4m3 GEMV, M = 1): weight streaming by the bulk-copy engine.
-//    A persistent grid; each block walks row groups of WARPS rows; warp 0 issues one
-//    cp.async.bulk per row segment into a STAGES-deep shared-memory ring, completing on an
-//    mbarrier, so a block keeps STAGES * WARPS * KC bytes in flight with no load instruction per
-//    16 bytes. x (bf16) is staged in shared memory once per block.
+// What these kernels use, and why (numbers: benchmarks/RESULTS.md, "Kernels"; H200, graph replay):
+//  * hwp90_router (router GEMM, small-M linear: bf16 x bf16 -> fp32, M <= 16): the mma.sync
+//    m16n8k16 tile of hwprofile/gemv.cuh (the 16 tokens are the MMA rows, so the FLOPs cost
+//    nothing), K split over the block's warps and a thread-block cluster of up to 8 blocks. Hopper
+//    parts: programmatic dependent launch (griddepcontrol): before waiting on the predecessor grid,
+//    warp 0 asks the bulk-copy engine to prefetch the block's weight rows into L2 (safe: a
+//    prefetch writes nothing a thread can see, and L2 is the point of coherence); the cluster's
+//    ranks push their partial tiles into rank 0 with st.async, counted on rank 0's mbarrier, instead
+//    of a second cluster barrier and DSMEM loads; the register use stays low enough for the next
+//    launch's blocks to be resident beside this one's. 2.7-3.5 us against 3.8-5.3 us before.
+//  * hwp90_gemv (bf16 GEMV, M = 1, N >= 3 row groups per SM): persistent SIMT kernel, x staged
+//    once per block, the register double buffer runs across row groups.
+//  * hwp90_gemv_simt: the shared SIMT body (split-K over a 2-block cluster for small N; FP8).
+//  * hwp90_gemv_bulk: weight streaming by cp.async.bulk into a shared-memory ring (the "TMA"
+//    design). Measured, not dispatched: 1.5-4.0 TB/s against 2.6-3.9 for the SIMT kernels at the
+//    same shapes (variants rounds 1-3); it needs >= 128 KB in flight per SM, which leaves no room
+//    for a second block or for PDL overlap.
+// Not used, measured: an L2 prefetch before griddepcontrol.wait in the GEMVs (slower at every
+// shape: the next call's prefetch evicts lines the running call has yet to read), PDL for the
+// GEMVs (no gain), the L2::256B load hint (no gain).
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900)
 #error "hwprofile-sm90 kernels are built for sm_90a only"
 #endif
@@ -23,9 +30,10 @@ namespace hwp90 {
 
 // Hopper limits these kernels rely on (compute capability 9.0).
 constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in dynamic + static shared memory per block
+constexpr int kMaxStaticShared = 48 * 1024;     // static shared memory per block (no opt-in)
 constexpr int kMaxPortableCluster = 8;
 constexpr int kMaxThreads = 1024;
-static_assert(kMaxSharedPerBlock == 232448 && kMaxPortableCluster == 8 && kMaxThreads == 1024, "sm_90 limits (CUDA guide, compute capability 9.0)");
+static_assert(kMaxStaticShared <= kMaxSharedPerBlock, "sm_90 limits (CUDA C++ Programming Guide, compute capability 9.0)");
 
 // ---------------------------------------------------------------------------------------------
 // Router GEMM: out[M,N] (fp32) = x[M,K] . w[N,K]^T, M <= 16.
@@ -38,7 +46,7 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
   constexpr int CK = 32;               // k per chunk: 4 lanes x 8 bf16
   constexpr int TILE = NT * 128;       // accumulator floats per warp
   constexpr int INBOX = KSPLIT > 1 ? (KSPLIT - 1) * TILE : 1;
-  static_assert((WARPS * TILE + INBOX + TILE) * 4 + 8 <= kMaxSharedPerBlock, "static shared memory of the reduction");
+  static_assert((WARPS * TILE + INBOX + TILE) * 4 + 8 <= kMaxStaticShared, "static shared memory of the reduction");
   __shared__ float red[WARPS * TILE];
   __shared__ float part[KSPLIT > 1 && !PUSH ? TILE : 1];
   __shared__ float inbox[PUSH ? INBOX : 1];  // rank 0: the other ranks' block partials, in rank order
@@ -396,13 +404,14 @@ __device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const
 
 // Entry points. Name expressions:
 //   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF, PUSH, MINB>  grid (ceil(N / 8NT), KSPLIT), block WARPS*32
-//   hwp90_gemv<FP8, WARPS, ROWS, U, SCALE>              grid <= ceil(N / (WARPS*ROWS)) (persistent), smem = x
+//   hwp90_gemv<FP8, WARPS, ROWS, U, SCALE[, LD]>        grid <= ceil(N / (WARPS*ROWS)) (persistent), dynamic smem = x (K * 2 bytes)
 //   hwp90_gemv_bulk<FP8, WARPS, KC, STAGES, SCALE>      persistent grid, block WARPS*32, dynamic smem
 //   hwp90_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>  the shared SIMT body (hwprofile/gemv.cuh):
 //       split-K over a cluster for small N, and the FP8 GEMV; grid (ceil(N / (WARPS*ROWS)), KSPLIT)
-// MINB (blocks per SM for __launch_bounds__) caps the registers so that blocks of this launch and
-// of the next PDL-launched one fit on an SM together: with about 2 blocks of each per SM, MINB
-// blocks of WARPS*32 threads = 1024 threads caps a thread at 64 registers.
+// MINB (blocks per SM for __launch_bounds__) caps a thread at 64K / (MINB * WARPS * 32) registers.
+// Blocks of the next PDL-launched call can only start beside this call's blocks if registers are
+// left: without a cap, ptxas gave the 16-warp tile 90 registers and the overlap was lost (4.5 us
+// instead of 3.1, variants round 4); 8-warp tiles use 57-68 registers either way.
 template <int MT, int WARPS, int NT, int KSPLIT, int U, bool PF, bool PUSH, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) __cluster_dims__(1, KSPLIT, 1)
 hwp90_router(float* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
@@ -415,6 +424,7 @@ template <bool FP8, int WARPS, int ROWS, int U, int SCALE, int LD = 0>
 __global__ void __launch_bounds__(WARPS * 32)
 hwp90_gemv(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
            const float* __restrict__ scale, int /*M*/, int N, int K) {
+  // dynamic shared memory (all of x) is checked against 227 KB by hwprofile_sm90.planning.plan_gemv
   extern __shared__ uint4 hwp90_xs[];
   hwp90::gemv_simt<FP8, WARPS, ROWS, U, SCALE, LD>(out, x, w, scale, N, K, hwp90_xs);
 }
@@ -433,7 +443,9 @@ hwp90_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, con
                 const float* __restrict__ scale, int /*M*/, int N, int K) {
   static_assert(KSPLIT >= 1 && KSPLIT <= hwp90::kMaxPortableCluster, "portable cluster sizes on sm_90");
   static_assert(WARPS * 32 <= hwp90::kMaxThreads, "threads per block");
-  // dynamic shared memory (the staged x slice) is planned against 227 KB in hwprofile_sm90.planning
+  static_assert(WARPS * ROWS * M * 4 <= hwp90::kMaxStaticShared, "static shared memory of the split-K reduction");
+  // dynamic shared memory (the staged x slice) is checked against 227 KB by hwprofile.skinny.plan
+  // (hwprofile_sm90.planning.TUNING)
   extern __shared__ uint4 hwp90_xs[];
   hwp::simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, hwp90_xs);
 }
