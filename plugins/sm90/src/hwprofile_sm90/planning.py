@@ -6,7 +6,8 @@ from the variant sweeps on the H200 (``benchmarks/variants_sm90.py``, logs in ``
 * fp32 output (router GEMM, small-M linear): ``hwp90_router``, always launched with programmatic
   dependent launch. K is split over the block's warps and a cluster of up to 8 blocks until the
   grid has about two blocks per SM; ranks push their partials into rank 0 (``st.async``). Beyond
-  32 groups of 8 rows, 16 rows per block (N = 384: 2.9-3.5 against 3.0-4.4 us at 8 rows).
+  32 groups of 8 rows, 16 rows per block where that halves x's traffic (M > 8) or widens the
+  cluster (see ``plan_router``).
 * bf16 GEMV: when fewer than 3 row groups per SM exist (N < 3168 at 8 rows a group), the shared
   split-K kernel (a 2-block cluster) fills the SMs best; otherwise ``hwp90_gemv``, a persistent
   grid of 2 blocks per SM that stages x once per block.
@@ -42,13 +43,22 @@ def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COU
     if k % 8:
         raise ValueError(f"K={k} must be a multiple of 8 for 16-byte loads")
     mt = 1 if m <= 8 else 2
-    nt = 2 if -(-n // 8) > 32 else 1  # 16 rows a block halve x's L2 traffic once N fills the SMs
-    groups = -(-n // (8 * nt))
     chunks = -(-k // 32)
-    ksplit = 1
-    if split_k:
-        while ksplit < 8 and groups * ksplit * 2 <= 2 * sm_count and chunks >= 2 * (ksplit * 2) * 8:
-            ksplit *= 2
+
+    def cluster(groups: int) -> int:  # split K until the grid has about 2 blocks per SM
+        ks = 1
+        while split_k and ks < 8 and groups * ks * 2 <= 2 * sm_count and chunks >= 2 * (ks * 2) * 8:
+            ks *= 2
+        return ks
+
+    # 16 rows a block (nt = 2) once there are more than 32 groups of 8: with 9-16 tokens it halves
+    # x's L2 traffic (N = 4096: 20.3-21.5 against 26 us), and with fewer it pays only where it
+    # buys a wider cluster (N = 384: cluster 8 instead of 4, 2.9-3.1 against 3.1-3.4 us); at
+    # N = 4096, M <= 8 it loses (19.7 against 17.4 us).
+    g8 = -(-n // 8)
+    nt = 2 if g8 > 32 and (m > 8 or cluster(-(-n // 16)) > cluster(g8)) else 1
+    groups = -(-n // (8 * nt))
+    ksplit = cluster(groups)
     warps, unroll = (16, 2) if ksplit == 4 else (8, 4)
     # __launch_bounds__ blocks per SM: 2 x 256 threads caps a thread at 128 registers, so the next PDL
     # launch's blocks fit beside this one's (variants round 4); 16 warps get no cap (64 would spill)
