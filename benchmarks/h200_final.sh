@@ -14,5 +14,6 @@ for op in router_gemm linear_bf16_fp32 gemv fp8_gemv; do
   hw sweep "$op" --output "$R/sweeps/$op.toml" --plot "$R/sweeps/$op.png" > "$R/sweeps/$op.log" 2>&1
   tail -4 "$R/sweeps/$op.log"; pack
 done
+OUT="$R" python3 benchmarks/variants_sm90.py 6 > "$R/variants_sm90_round6.log" 2>&1; tail -1 "$R/variants_sm90_round6.log"; pack
 OUT="$R/bench" python3 benchmarks/bench_ops.py > "$R/bench/bench.log" 2>&1
 grep -E "^router M=( 1|16)|^gemv|^fp8|host" "$R/bench/bench.log"; pack

@@ -297,6 +297,18 @@ def round5() -> None:
             timed(split_launch(n, k, True, *c, 2), 1, n, k, True, torch.bfloat16, "fp8_split", 2)
 
 
+def round6() -> None:
+    """The planned router launches with and without PDL, every M: what the overlap of consecutive calls buys."""
+    from hwprofile_sm90.planning import plan_router
+
+    for n in (256, 384):
+        for m in range(1, 17):
+            la = plan_router(m=m, n=n, k=7168, split_k=True)
+            timed(la, m, n, 7168, False, torch.float32, "router_plan_pdl")
+            nopdl = Launch(la.name_expression, la.grid, la.block, shared_bytes=la.shared_bytes, pdl=False)
+            timed(nopdl, m, n, 7168, False, torch.float32, "router_plan_nopdl")
+
+
 def round1() -> None:
     launch_cost()
     router_round((1, 8, 9, 16), [
@@ -311,7 +323,7 @@ def round1() -> None:
 
 
 if __name__ == "__main__":
-    {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5, "6": round6}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)
