@@ -82,8 +82,9 @@ def test_sm90_router_plan_uses_pdl_and_the_measured_splits(monkeypatch: pytest.M
     assert plan_router(m=8, n=384, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 2, 8, 4, true, true, 2>"
     assert plan_router(m=9, n=384, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 8, 4, true, true, 2>"
     assert plan_router(m=2, n=1024, k=7168, split_k=True).name_expression == "hwp90_router<1, 16, 2, 4, 2, true, true, 1>"
-    assert plan_router(m=8, n=4096, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 1, 1, 4, true, true, 2>"
-    assert plan_router(m=9, n=4096, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 1, 4, true, true, 2>"
+    # 59 MB of weights: no L2 prefetch (it would evict what the running call has yet to read)
+    assert plan_router(m=8, n=4096, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 1, 1, 4, false, true, 2>"
+    assert plan_router(m=9, n=4096, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 1, 4, false, true, 2>"
     la = plan_router(m=4, n=256, k=7168, split_k=False)
     assert la.grid == (32, 1, 1) and la.pdl
     with pytest.raises(ValueError, match="M=17"):
