@@ -99,8 +99,8 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize(
     ("n", "k", "path"),
-    [(2048, 7168, "fallback"), (4096, 4096, "kernel"), (7168, 2048, "kernel"), (7168, 16384, "fallback"), (12288, 4096, "kernel"),
-     (12296, 4096, "fallback"), (28672, 4096, "fallback"), (57344, 7168, "fallback"), (152064, 5120, "fallback"), (2048, 3584, "kernel"), (2048, 3000, "fallback"),
+    [(2048, 7168, "kernel"), (4096, 4096, "kernel"), (7168, 2048, "fallback"), (7168, 16384, "fallback"), (12288, 4096, "fallback"),
+     (4104, 4096, "fallback"), (4096, 7680, "fallback"), (28672, 4096, "fallback"), (57344, 7168, "fallback"), (152064, 5120, "fallback"), (2048, 3584, "kernel"), (2048, 3000, "fallback"),
      (2048, 256, "fallback"), (2050, 4096, "fallback"), (64, 512, "kernel"), (56, 512, "fallback"), (7168, 4608, "fallback")],
 )
 def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch, n: int, k: int, path: str) -> None:
@@ -124,7 +124,8 @@ def test_linear_threshold_on_hopper(no_downstream: None, monkeypatch: pytest.Mon
     hwprofile.reset()
     p = hwprofile.profile(0)
     assert ops.decide("linear_bf16_fp32", p, m=8, n=4096, k=7168).path == "kernel"
-    assert ops.decide("linear_bf16_fp32", p, m=9, n=256, k=7168).path == "fallback"
+    assert ops.decide("linear_bf16_fp32", p, m=16, n=4096, k=7168).path == "kernel"  # sweep: the kernel wins at every M to 16
+    assert ops.decide("linear_bf16_fp32", p, m=17, n=256, k=7168).path == "fallback"
     assert ops.decide("linear_bf16_fp32", p, m=4, n=8192, k=7168).path == "fallback"
 
 
