@@ -144,9 +144,9 @@ def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps
 def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
     """The shared SIMT body as the previous version planned it (split-K over a 2-block cluster below 3 groups per SM)."""
     from hwprofile.skinny import plan
-    from hwprofile_sm90.planning import TUNING
+    from hwprofile_sm90.planning import tuning
 
-    return plan(TUNING._replace(sm_count=SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
+    return plan(tuning(SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
 
 
 def gemv_round(shapes: list[tuple[int, int]], configs: list[tuple[int, int, int, int, bool]], fp8_configs: list[tuple[int, int, int, int, bool]]) -> None:

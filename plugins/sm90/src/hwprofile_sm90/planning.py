@@ -20,14 +20,20 @@ from __future__ import annotations
 
 from functools import partial
 
-from hwprofile.kernelspec import KernelSpec, Launch
-from hwprofile.skinny import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES, ROW_SCALE, TENSOR_SCALE, ArchTuning
+from hwprofile.plugin import ArchTuning, KernelSpec, Launch
+from hwprofile.skinny import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES, ROW_SCALE, TENSOR_SCALE
 from hwprofile.skinny import plan as shared_plan
 
 SOURCE = "kernels/sm90_gemv.cu"
 SM_COUNT = 132  # H100 SXM and H200; an H100 PCIe (114 SMs) gets the same, still correct, plans
 MAX_SHARED = 227 * 1024
-TUNING = ArchTuning(sm_count=SM_COUNT, max_shared_bytes=MAX_SHARED, max_cluster=8, prefix="hwp90")
+def tuning(sm_count: int = SM_COUNT) -> ArchTuning:
+    """The shared SIMT body's planning constants on sm_90 (entry points ``hwp90_gemv_simt``)."""
+    return ArchTuning(sm_count=sm_count, max_shared_bytes=MAX_SHARED, max_cluster=8, prefix="hwp90")
+
+
+TUNING = tuning()
+
 PREFETCH_MAX_BYTES = 16 << 20  # router weights prefetched into L2 up to this size (N = 384 x 7168 is 5.5 MB)
 # persistent GEMV: 8 warps x 2 rows per group, 4 vectors per row per batch, 2 blocks per SM
 GEMV_WARPS, GEMV_ROWS, GEMV_UNROLL, GEMV_BLOCKS_PER_SM = 8, 2, 4, 2
@@ -77,7 +83,7 @@ def plan_gemv(*, m: int, n: int, k: int, split_k: bool, fp8: bool = False, scale
     if m != 1:
         raise ValueError(f"the GEMV kernels take M = 1, got M={m}")
     if fp8 or (split_k and n < 3 * sm_count * 8):
-        return shared_plan(TUNING._replace(sm_count=sm_count), m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
+        return shared_plan(tuning(sm_count), m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
     if k % 8:
         raise ValueError(f"K={k} must be a multiple of 8 for 16-byte loads")
     smem = k * 2
