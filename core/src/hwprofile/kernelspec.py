@@ -67,7 +67,7 @@ class KernelSpec(Record):
     op: str
     #: The importable package that ships the source as package data.
     package: str
-    #: The source's path inside ``package``: ``"kernels/skinny_gemm.cu"``.
+    #: The source's path inside ``package``: ``"kernels/sm90_gemv.cu"``.
     source: str
     instances: tuple[str, ...]
     #: ``configure(**shape) -> Launch``; pure, so launch plans are tested on the CPU.
