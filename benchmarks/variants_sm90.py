@@ -47,7 +47,10 @@ def timed(launch: Launch, m: int, n: int, k: int, fp8: bool, out_dtype: torch.dt
     """Check one launch against float64, then time it over rotating weight copies."""
     kern = jit.load(SPEC, prof.target, launch, 0, ops._ARG_TYPES)
     nbytes = n * k * (1 if fp8 else 2)
-    ws = [(torch.randn(n, k, device=dev) * (3 if fp8 else 1)).to(torch.float8_e4m3fn if fp8 else torch.bfloat16) for _ in range(copies_for(nbytes))]
+    ws = [
+        (torch.randn(n, k, device=dev) * (3 if fp8 else 1)).to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+        for _ in range(copies_for(nbytes))
+    ]
     sc = torch.rand(n, device=dev) + 0.5
     x = torch.randn(m, k, device=dev).bfloat16()
     out = torch.full((m, n), float("nan"), device=dev, dtype=out_dtype)
@@ -62,8 +65,21 @@ def timed(launch: Launch, m: int, n: int, k: int, fp8: bool, out_dtype: torch.dt
         kern.launch(launch, stream(), (out.data_ptr(), x.data_ptr(), ws[i].data_ptr(), sc.data_ptr(), m, n, k))
 
     us, spread = graph_time(f, len(ws))
-    record(tag=tag, expr=launch.name_expression, grid=list(launch.grid), smem=launch.shared_bytes, pdl=launch.pdl, m=m, n=n, k=k,
-           us=us, tbps=nbytes / us / 1e6, spread=spread, err=err, bad=bad)
+    record(
+        tag=tag,
+        expr=launch.name_expression,
+        grid=list(launch.grid),
+        smem=launch.shared_bytes,
+        pdl=launch.pdl,
+        m=m,
+        n=n,
+        k=k,
+        us=us,
+        tbps=nbytes / us / 1e6,
+        spread=spread,
+        err=err,
+        bad=bad,
+    )
     return us
 
 
@@ -114,7 +130,9 @@ def b(v: bool) -> str:
 
 def router_launch(m: int, n: int, warps: int, nt: int, ks: int, u: int, pf: bool, pdl: bool, push: bool = False, minb: int = 1) -> Launch:
     mt = 1 if m <= 8 else 2
-    return Launch(f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {b(pf)}, {b(push)}, {minb}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl)
+    return Launch(
+        f"hwp90_router<{mt}, {warps}, {nt}, {ks}, {u}, {b(pf)}, {b(push)}, {minb}>", (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0, pdl
+    )
 
 
 def planned_router(m: int, n: int) -> Launch:
@@ -138,7 +156,9 @@ def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps
     smem = xbytes + stages * warps * kc + 8 * stages
     groups = -(-n // warps)
     grid = min(groups, SMS * bps)
-    return Launch(f"hwp90_gemv_bulk<{'true' if fp8 else 'false'}, {warps}, {kc}, {stages}, {scale}>", (grid, 1, 1), (warps * 32, 1, 1), smem, pdl)
+    return Launch(
+        f"hwp90_gemv_bulk<{'true' if fp8 else 'false'}, {warps}, {kc}, {stages}, {scale}>", (grid, 1, 1), (warps * 32, 1, 1), smem, pdl
+    )
 
 
 def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
@@ -149,7 +169,9 @@ def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
     return plan(tuning(SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
 
 
-def gemv_round(shapes: list[tuple[int, int]], configs: list[tuple[int, int, int, int, bool]], fp8_configs: list[tuple[int, int, int, int, bool]]) -> None:
+def gemv_round(
+    shapes: list[tuple[int, int]], configs: list[tuple[int, int, int, int, bool]], fp8_configs: list[tuple[int, int, int, int, bool]]
+) -> None:
     for n, k in shapes:
         cublas(1, n, k, False)
         timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
@@ -168,7 +190,13 @@ def simt_launch(n: int, k: int, fp8: bool, warps: int, rows: int, ks: int, u: in
     vec = 16 if fp8 else 8
     per = -(-(k // vec) // ks)
     smem = per * (2 if fp8 else 1) * 16
-    return Launch(f"hwp90_gemv<{b(fp8)}, {warps}, {rows}, {ks}, {u}, {scale}, {pfkb}>", (-(-n // (warps * rows)), ks, 1), (warps * 32, 1, 1), smem, pdl)
+    return Launch(
+        f"hwp90_gemv<{b(fp8)}, {warps}, {rows}, {ks}, {u}, {scale}, {pfkb}>",
+        (-(-n // (warps * rows)), ks, 1),
+        (warps * 32, 1, 1),
+        smem,
+        pdl,
+    )
 
 
 def gemv_round2(shapes: list[tuple[int, int]], simt: list[tuple], bulk: list[tuple], simt8: list[tuple], bulk8: list[tuple]) -> None:
@@ -215,18 +243,50 @@ def host_launch_cost() -> None:
 
 def round2() -> None:
     host_launch_cost()
-    router_round((1, 4, 8, 9, 12, 16), [
-        (8, 1, 8, 4, False, False, False), (8, 1, 8, 4, False, False, True), (8, 1, 8, 4, True, True, True), (8, 1, 8, 4, False, True, True),
-        (16, 1, 4, 2, True, True, True), (16, 1, 4, 2, False, True, True), (16, 1, 4, 2, False, False, True), (16, 1, 4, 2, False, True, False),
-        (8, 2, 8, 4, True, True, True), (8, 2, 8, 4, False, True, True), (16, 1, 8, 2, False, True, True), (16, 2, 4, 2, False, True, True),
-        (8, 2, 4, 4, False, True, True), (4, 1, 8, 4, False, True, True),
-    ])
+    router_round(
+        (1, 4, 8, 9, 12, 16),
+        [
+            (8, 1, 8, 4, False, False, False),
+            (8, 1, 8, 4, False, False, True),
+            (8, 1, 8, 4, True, True, True),
+            (8, 1, 8, 4, False, True, True),
+            (16, 1, 4, 2, True, True, True),
+            (16, 1, 4, 2, False, True, True),
+            (16, 1, 4, 2, False, False, True),
+            (16, 1, 4, 2, False, True, False),
+            (8, 2, 8, 4, True, True, True),
+            (8, 2, 8, 4, False, True, True),
+            (16, 1, 8, 2, False, True, True),
+            (16, 2, 4, 2, False, True, True),
+            (8, 2, 4, 4, False, True, True),
+            (4, 1, 8, 4, False, True, True),
+        ],
+    )
     shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (4096, 7168), (16384, 5120), (7168, 16384), (28672, 4096), (57344, 7168)]
-    simt = [(4, 2, 1, 4, 0, False), (4, 2, 1, 4, 0, True), (4, 2, 1, 4, 128, True), (4, 2, 1, 4, 32, True), (4, 2, 2, 4, 128, True),
-            (4, 2, 2, 4, 0, False), (8, 1, 1, 4, 128, True), (4, 4, 1, 2, 128, True), (8, 2, 1, 4, 256, True), (4, 1, 1, 8, 64, True)]
+    simt = [
+        (4, 2, 1, 4, 0, False),
+        (4, 2, 1, 4, 0, True),
+        (4, 2, 1, 4, 128, True),
+        (4, 2, 1, 4, 32, True),
+        (4, 2, 2, 4, 128, True),
+        (4, 2, 2, 4, 0, False),
+        (8, 1, 1, 4, 128, True),
+        (4, 4, 1, 2, 128, True),
+        (8, 2, 1, 4, 256, True),
+        (4, 1, 1, 8, 64, True),
+    ]
     bulk = [(4, 4096, 4, 2, True), (4, 8192, 3, 2, True), (8, 4096, 5, 1, True)]
-    simt8 = [(4, 2, 1, 2, 0, False), (4, 2, 1, 2, 0, True), (4, 2, 1, 2, 128, True), (4, 2, 1, 2, 32, True), (4, 2, 2, 2, 64, True),
-             (8, 1, 1, 4, 64, True), (4, 4, 1, 2, 128, True), (8, 2, 1, 2, 128, True), (4, 2, 1, 4, 128, True)]
+    simt8 = [
+        (4, 2, 1, 2, 0, False),
+        (4, 2, 1, 2, 0, True),
+        (4, 2, 1, 2, 128, True),
+        (4, 2, 1, 2, 32, True),
+        (4, 2, 2, 2, 64, True),
+        (8, 1, 1, 4, 64, True),
+        (4, 4, 1, 2, 128, True),
+        (8, 2, 1, 2, 128, True),
+        (4, 2, 1, 4, 128, True),
+    ]
     bulk8 = [(4, 4096, 4, 2, True)]
     gemv_round2(shapes, simt, bulk, simt8, bulk8)
 
@@ -239,15 +299,50 @@ def persist_launch(n: int, k: int, fp8: bool, warps: int, rows: int, u: int, bps
 
 
 def round3() -> None:
-    router_round((1, 2, 4, 6, 8, 9, 12, 16), [
-        (8, 1, 8, 4, True, True, True), (8, 1, 8, 4, True, True, False), (16, 1, 4, 2, True, True, True), (8, 2, 8, 4, True, True, True),
-        (16, 2, 4, 2, True, True, True), (8, 1, 4, 4, True, True, True), (16, 1, 8, 2, True, True, True), (4, 1, 8, 4, True, True, True),
-    ])
-    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (4096, 7168), (16384, 5120), (7168, 16384), (28672, 4096), (57344, 7168), (2048, 16384)]
-    cfg = [(4, 2, 4, 0, False), (4, 2, 4, 4, False), (4, 2, 4, 4, True), (4, 2, 4, 8, False), (8, 2, 4, 2, False), (4, 2, 8, 2, False),
-           (4, 4, 2, 4, False), (2, 2, 4, 8, False)]
-    cfg8 = [(4, 2, 2, 0, False), (4, 2, 2, 4, False), (4, 2, 4, 4, False), (4, 4, 2, 4, False), (8, 2, 2, 2, False), (4, 2, 4, 8, False),
-            (2, 2, 4, 8, False), (4, 2, 4, 4, True)]
+    router_round(
+        (1, 2, 4, 6, 8, 9, 12, 16),
+        [
+            (8, 1, 8, 4, True, True, True),
+            (8, 1, 8, 4, True, True, False),
+            (16, 1, 4, 2, True, True, True),
+            (8, 2, 8, 4, True, True, True),
+            (16, 2, 4, 2, True, True, True),
+            (8, 1, 4, 4, True, True, True),
+            (16, 1, 8, 2, True, True, True),
+            (4, 1, 8, 4, True, True, True),
+        ],
+    )
+    shapes = [
+        (2048, 7168),
+        (4096, 4096),
+        (7168, 2048),
+        (4096, 7168),
+        (16384, 5120),
+        (7168, 16384),
+        (28672, 4096),
+        (57344, 7168),
+        (2048, 16384),
+    ]
+    cfg = [
+        (4, 2, 4, 0, False),
+        (4, 2, 4, 4, False),
+        (4, 2, 4, 4, True),
+        (4, 2, 4, 8, False),
+        (8, 2, 4, 2, False),
+        (4, 2, 8, 2, False),
+        (4, 4, 2, 4, False),
+        (2, 2, 4, 8, False),
+    ]
+    cfg8 = [
+        (4, 2, 2, 0, False),
+        (4, 2, 2, 4, False),
+        (4, 2, 4, 4, False),
+        (4, 4, 2, 4, False),
+        (8, 2, 2, 2, False),
+        (4, 2, 4, 8, False),
+        (2, 2, 4, 8, False),
+        (4, 2, 4, 4, True),
+    ]
     for n, k in shapes:
         cublas(1, n, k, False)
         timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_old")
@@ -311,14 +406,34 @@ def round6() -> None:
 
 def round1() -> None:
     launch_cost()
-    router_round((1, 8, 9, 16), [
-        (8, 1, 8, 4, False, False), (8, 1, 8, 4, True, False), (8, 1, 8, 4, True, True),
-        (8, 1, 4, 4, True, True), (8, 1, 2, 4, True, True), (4, 1, 8, 4, True, True),
-        (8, 2, 8, 4, True, True), (8, 2, 4, 4, True, True), (16, 1, 4, 2, True, True), (4, 1, 4, 4, True, True),
-    ])
+    router_round(
+        (1, 8, 9, 16),
+        [
+            (8, 1, 8, 4, False, False),
+            (8, 1, 8, 4, True, False),
+            (8, 1, 8, 4, True, True),
+            (8, 1, 4, 4, True, True),
+            (8, 1, 2, 4, True, True),
+            (4, 1, 8, 4, True, True),
+            (8, 2, 8, 4, True, True),
+            (8, 2, 4, 4, True, True),
+            (16, 1, 4, 2, True, True),
+            (4, 1, 4, 4, True, True),
+        ],
+    )
     shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (28672, 4096), (57344, 7168)]
-    cfg = [(8, 2048, 4, 1, False), (8, 2048, 4, 1, True), (8, 2048, 6, 1, True), (8, 1024, 8, 1, True), (4, 2048, 8, 1, True),
-           (4, 2048, 6, 2, True), (4, 4096, 4, 2, True), (8, 4096, 4, 1, True), (16, 1024, 6, 1, True), (8, 1024, 6, 2, True)]
+    cfg = [
+        (8, 2048, 4, 1, False),
+        (8, 2048, 4, 1, True),
+        (8, 2048, 6, 1, True),
+        (8, 1024, 8, 1, True),
+        (4, 2048, 8, 1, True),
+        (4, 2048, 6, 2, True),
+        (4, 4096, 4, 2, True),
+        (8, 4096, 4, 1, True),
+        (16, 1024, 6, 1, True),
+        (8, 1024, 6, 2, True),
+    ]
     gemv_round(shapes, cfg, cfg[1:8])
 
 

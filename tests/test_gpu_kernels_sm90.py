@@ -30,22 +30,45 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-def launch(table: ops._Table, op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None,
-           mode: int = 0, split: bool = True) -> jit.Launch:
+def launch(
+    table: ops._Table,
+    op: str,
+    out: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    mode: int = 0,
+    split: bool = True,
+) -> jit.Launch:
     """Launch ``op``'s planned kernel directly (no predicate): the shapes here are outside the dispatch box on purpose."""
     m, k = x.shape
     n = w.shape[0]
     spec = table.prof.kernels[op]
     la = spec.configure(m=m, n=n, k=k, split_k=split, **({"scale": mode} if op == "fp8_gemv" else {}))
     kern = jit.load(spec, table.prof.target, la, 0, ops._ARG_TYPES)
-    kern.launch(la, torch.cuda.current_stream().cuda_stream,
-                (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k))
+    kern.launch(
+        la,
+        torch.cuda.current_stream().cuda_stream,
+        (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k),
+    )
     return la
 
 
 @pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 8, 8), (3, 100, 520), (7, 250, 7176), (9, 391, 7168), (16, 384, 16), (12, 4104, 7168),
-                                           (16, 4096, 2056), (5, 1, 7168), (13, 33, 24)])
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (1, 8, 8),
+        (3, 100, 520),
+        (7, 250, 7176),
+        (9, 391, 7168),
+        (16, 384, 16),
+        (12, 4104, 7168),
+        (16, 4096, 2056),
+        (5, 1, 7168),
+        (13, 33, 24),
+    ],
+)
 def test_router_kernel_odd_shapes(table: ops._Table, m: int, n: int, k: int, split: bool) -> None:
     x = torch.randn(m, k, device="cuda").bfloat16()
     w = torch.randn(n, k, device="cuda").bfloat16()

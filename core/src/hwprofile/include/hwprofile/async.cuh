@@ -54,8 +54,8 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // Copy `bytes` (multiple of 16, both ends 16-byte aligned) from global to this block's shared
 // memory; completion is counted on `bar` as transaction bytes.
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes),
-               "r"(smem_addr(bar))
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
 
@@ -75,7 +75,9 @@ __device__ __forceinline__ unsigned map_to_rank(unsigned addr, unsigned rank) {
 
 // Store one float into another block's shared memory; its mbarrier counts the 4 bytes on arrival.
 __device__ __forceinline__ void st_async_f32(unsigned remote, float v, unsigned remote_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(remote), "f"(v), "r"(remote_bar) : "memory");
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+               ::"r"(remote), "f"(v), "r"(remote_bar)
+               : "memory");
 }
 
 }  // namespace hwp

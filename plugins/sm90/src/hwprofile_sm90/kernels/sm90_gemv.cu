@@ -9,7 +9,8 @@
 //    prefetch writes nothing a thread can see, and L2 is the point of coherence); the cluster's
 //    ranks push their partial tiles into rank 0 with st.async, counted on rank 0's mbarrier, instead
 //    of a second cluster barrier and DSMEM loads; the register use stays low enough for the next
-//    launch's blocks to be resident beside this one's. 2.7-3.5 us against 3.8-5.3 us before.
+//    launch's blocks to be resident beside this one's. 2.7-3.5 us per call in a chain of calls
+//    (3.3-5.0 us without that overlap) against 3.8-5.3 us before.
 //  * hwp90_gemv (bf16 GEMV, M = 1, N >= 3 row groups per SM): persistent SIMT kernel, x staged
 //    once per block, the register double buffer runs across row groups.
 //  * hwp90_gemv_simt: the shared SIMT body (split-K over a 2-block cluster for small N; FP8).
@@ -74,13 +75,15 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
 
   if constexpr (PF) {
     // Warp 0 asks the copy engine for this block's K slice of each of its weight rows (one
-    // request per row), before waiting on the predecessor grid: weights are not its output.
+    // request per row) before waiting on the predecessor grid. Safe even if the predecessor
+    // writes w: a prefetch changes nothing a thread can read, and the loads after
+    // griddepcontrol.wait go through L2, the point of coherence.
     const int kb = min(K, split * WARPS * per * CK), ke = min(K, (split + 1) * WARPS * per * CK);
     if (warp == 0 && lane < 8 * NT && n0 + lane < N && ke > kb)
       hwp::prefetch_l2(w + static_cast<size_t>(n0 + lane) * K + kb, static_cast<unsigned>(ke - kb) * 2u);
   }
   hwp::pdl_launch_dependents();
-  hwp::pdl_wait();  // x (and out) may belong to the predecessor grid: nothing of them is read before
+  hwp::pdl_wait();  // x, w and out may belong to the predecessor grid: no thread reads or writes them before
 
   const bool has0 = g < M, has1 = MT == 2 && g + 8 < M;
   const __nv_bfloat16* x0 = x + static_cast<size_t>(min(g, M - 1)) * K;
@@ -191,8 +194,8 @@ __device__ __forceinline__ void router(float* __restrict__ out, const __nv_bfloa
 // GEMV M = 1, SIMT, persistent: one warp owns ROWS rows of a row group (WARPS * ROWS rows); each
 // warp load reads 512 contiguous bytes of one row (16-byte evict-first loads, the pattern HBM
 // streams best). A block walks row groups blockIdx.x, blockIdx.x + gridDim.x, ...: x is staged in
-// shared memory once per block, not once per group (with 8 rows per group, restaging x cost an
-// extra 1/8 of the weight bytes in L2 traffic), and the register double buffer runs across group
+// shared memory once per block, not once per group (restaging it for every group of 8 rows would
+// read another 1/8 of the weight bytes from L2), and the register double buffer runs across group
 // boundaries, so the next group's first loads are in flight while this group is reduced.
 // ---------------------------------------------------------------------------------------------
 // LD: 0 = ld.global.cs (evict-first), 1 = ld.global.nc.L1::no_allocate.L2::256B (no L1 line,
@@ -225,7 +228,7 @@ __device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const
   auto rowp = [&](int grp, int r) { return wv + static_cast<size_t>(min(grp * RB + warp * ROWS + r, N - 1)) * nv; };
 
   hwp::pdl_launch_dependents();
-  hwp::pdl_wait();  // x (and out) may belong to the predecessor grid
+  hwp::pdl_wait();  // x, w and out may belong to the predecessor grid: no thread touches them before
   int grp = blockIdx.x;
   if (grp >= groups) return;
 
@@ -306,7 +309,7 @@ __device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const
   static_assert(KC % 512 == 0 && KC >= 512, "a warp reads 512 bytes per step: 32 lanes x 16 B");
   static_assert(WARPS >= 1 && WARPS <= 32, "warp 0 issues one copy per row: at most 32 rows per stage");
   static_assert(STAGES >= 2, "at least double-buffered");
-  static_assert(STAGES * WARPS * KC <= kMaxSharedPerBlock - 16 * 1024, "ring plus a 16 KB x slice must fit 227 KB");
+  static_assert(STAGES * WARPS * KC <= kMaxSharedPerBlock - 16 * 1024, "the ring leaves at least 16 KB of the 227 KB for x");
   constexpr int ESZ = FP8 ? 1 : 2;
   constexpr int STEPS = KC / 512;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -357,7 +360,8 @@ __device__ __forceinline__ void gemv_bulk(__nv_bfloat16* __restrict__ out, const
     const int rows = min(WARPS, N - row0);
     if (lane == 0) hwp::mbar_arrive_expect_tx(&full[s], bytes * rows);
     __syncwarp();
-    if (lane < rows) hwp::bulk_copy_g2s(ring + (s * WARPS + lane) * KC, wb + static_cast<size_t>(row0 + lane) * rowbytes + off, bytes, &full[s]);
+    if (lane < rows)
+      hwp::bulk_copy_g2s(ring + (s * WARPS + lane) * KC, wb + static_cast<size_t>(row0 + lane) * rowbytes + off, bytes, &full[s]);
   };
   __syncthreads();  // barriers initialised before warp 0 uses them
   if (warp == 0)
