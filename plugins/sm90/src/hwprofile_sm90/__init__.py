@@ -28,7 +28,7 @@ _H200: dict[str, Any] = {
     "compute_capability": (9, 0),
     "plugin": NAME,
     "plugin_version": "0.1.0",
-    "kernel": "c8ee16d7e6b385f54fa299a88abb81fa4e3f68da9a62a6a1a3210a27d20f6de3",
+    "kernel": "49c753f4f64ace9faa49ac065430a40407a4ba6e93a1e61a1bfe8167a7782d18",
     "date": "2026-11-30",
 }
 _LIBS = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
