@@ -31,8 +31,7 @@ results = []
 def time_launch(launch: Launch, m: int, n: int, k: int, fp8: bool = False, out_dtype=torch.float32) -> float:
     kern = jit.load(spec, prof.target, launch, 0, ops._ARG_TYPES)
     nbytes = n * k * (1 if fp8 else 2)
-    wdtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    ws = [(torch.randn(n, k, device=dev) * (3 if fp8 else 1)).to(wdtype) for _ in range(copies_for(nbytes))]
+    ws = [(torch.randn(n, k, device=dev) * (3 if fp8 else 1)).to(torch.float8_e4m3fn if fp8 else torch.bfloat16) for _ in range(copies_for(nbytes))]
     sc = torch.rand(n, device=dev) + 0.5
     x = torch.randn(m, k, device=dev).bfloat16()
     out = torch.full((m, n), float("nan"), device=dev, dtype=out_dtype)
@@ -46,22 +45,15 @@ def time_launch(launch: Launch, m: int, n: int, k: int, fp8: bool = False, out_d
         kern.launch(launch, stream(), (out.data_ptr(), x.data_ptr(), ws[i].data_ptr(), sc.data_ptr(), m, n, k))
 
     us, spread = graph_time(f, len(ws))
-    results.append({
-        "expr": launch.name_expression, "grid": launch.grid, "block": launch.block, "m": m, "n": n, "k": k, "us": us,
-        "tbps": nbytes / us / 1e6, "spread": spread,
-    })
-    print(
-        f"{launch.name_expression:<70} grid={launch.grid} M={m:2d} N={n:6d} K={k:5d}: {us:8.2f} us "
-        f"{nbytes / us / 1e6:5.2f} TB/s  (spread {spread:.0%})"
-    )
+    results.append({"expr": launch.name_expression, "grid": launch.grid, "block": launch.block, "m": m, "n": n, "k": k, "us": us, "tbps": nbytes / us / 1e6, "spread": spread})
+    print(f"{launch.name_expression:<70} grid={launch.grid} M={m:2d} N={n:6d} K={k:5d}: {us:8.2f} us {nbytes / us / 1e6:5.2f} TB/s  (spread {spread:.0%})")
     return us
 
 
 def mma(m, n, k, warps, nt, ks, u, out="float", fp8=False, scale=0) -> None:
     mt = 1 if m <= 8 else 2
     expr = f"hwp_skinny_mma<{'true' if fp8 else 'false'}, {out}, {mt}, {warps}, {nt}, {ks}, {u}, {scale}>"
-    out_dtype = torch.float32 if out == "float" else torch.bfloat16
-    time_launch(Launch(expr, (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0), m, n, k, fp8, out_dtype)
+    time_launch(Launch(expr, (-(-n // (8 * nt)), ks, 1), (warps * 32, 1, 1), 0), m, n, k, fp8, torch.float32 if out == "float" else torch.bfloat16)
 
 
 def simt(m, n, k, warps, rows, ks, u, out="__nv_bfloat16", fp8=False, scale=0) -> None:
@@ -69,8 +61,7 @@ def simt(m, n, k, warps, rows, ks, u, out="__nv_bfloat16", fp8=False, scale=0) -
     per = -(-(k // vec) // ks)
     smem = m * per * (2 if fp8 else 1) * 16
     expr = f"hwp_gemv_simt<{'true' if fp8 else 'false'}, {out}, {m}, {warps}, {rows}, {ks}, {u}, {scale}>"
-    out_dtype = torch.float32 if out == "float" else torch.bfloat16
-    time_launch(Launch(expr, (-(-n // (warps * rows)), ks, 1), (warps * 32, 1, 1), smem), m, n, k, fp8, out_dtype)
+    time_launch(Launch(expr, (-(-n // (warps * rows)), ks, 1), (warps * 32, 1, 1), smem), m, n, k, fp8, torch.float32 if out == "float" else torch.bfloat16)
 
 
 def floor() -> None:
@@ -86,15 +77,13 @@ def round1() -> None:
     mma(1, 16, 512, 4, 2, 8, 8)
     mma(1, 16, 512, 4, 2, 1, 8)
     for m in (1, 16):
-        mma_variants = [(4, 2, 8, 8), (4, 2, 4, 8), (4, 2, 1, 8), (8, 2, 8, 4), (4, 1, 8, 8), (2, 2, 8, 8), (4, 4, 8, 4), (2, 1, 8, 8)]
-        for warps, nt, ks, u in mma_variants:
+        for warps, nt, ks, u in [(4, 2, 8, 8), (4, 2, 4, 8), (4, 2, 1, 8), (8, 2, 8, 4), (4, 1, 8, 8), (2, 2, 8, 8), (4, 4, 8, 4), (2, 1, 8, 8)]:
             mma(m, 256, 7168, warps, nt, ks, u if m <= 8 else 4)
     for m in (1, 4):
         for warps, rows, ks, u in [(4, 2, 8, 4), (4, 2, 4, 4), (8, 1, 8, 4), (2, 2, 8, 4), (4, 1, 8, 8)]:
             simt(m, 256, 7168, warps, rows, ks, u, out="float")
     for n, k in [(2048, 7168), (4096, 4096), (57344, 7168)]:
-        simt_variants = [(4, 2, 1, 4), (4, 2, 2, 4), (4, 2, 4, 4), (8, 2, 2, 4), (8, 1, 4, 8), (4, 4, 2, 2), (16, 1, 1, 8), (8, 2, 1, 4)]
-        for warps, rows, ks, u in simt_variants:
+        for warps, rows, ks, u in [(4, 2, 1, 4), (4, 2, 2, 4), (4, 2, 4, 4), (8, 2, 2, 4), (8, 1, 4, 8), (4, 4, 2, 2), (16, 1, 1, 8), (8, 2, 1, 4)]:
             simt(1, n, k, warps, rows, ks, u)
         for warps, nt, ks, u in [(4, 2, 2, 8), (8, 1, 4, 8)]:
             mma(1, n, k, warps, nt, ks, u, out="__nv_bfloat16")
