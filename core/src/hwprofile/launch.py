@@ -107,7 +107,7 @@ class LoadedKernel:
         with self._lock:
             for slot, value in zip(self._pack.slots, args, strict=True):
                 slot.value = value
-            if getattr(launch, "pdl", False):
+            if launch.pdl:
                 cfg = self._pdl_configs.get((launch, stream))
                 if cfg is None:
                     cfg = self._pdl_configs[(launch, stream)] = _pdl_config(cu, launch, stream)
