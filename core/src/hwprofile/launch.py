@@ -160,7 +160,7 @@ def load_function(key: str, cubin: bytes, lowered_name: str, device_index: int, 
 
         if not torch.cuda.is_available():
             raise KernelError(f"cannot load {what}: no CUDA device is available to this process")
-        torch.cuda.init()  # type: ignore[no-untyped-call]
+        torch.cuda.init()
         dev = _cu(cu.cuDeviceGet(device_index), "cuDeviceGet")
         ctx = _cu(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")  # torch's context
         _cu(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
