@@ -45,9 +45,17 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
     return {
         # sweep: kernel 3.8-4.4 us (N=256) / 4.7-5.4 us (N=384) vs cuBLAS 6.4-7.8 us at every M = 1..16.
         "router_gemm.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 384", ROUTER),
+        # dispatch only where the sweep measured: N = 256..384, K = 7168 (DeepSeek-V3 / Kimi-K2 routers)
+        "router_gemm.min_n": Value(256, "smallest N the sweep measured", ROUTER),
+        "router_gemm.max_n": Value(384, "largest N the sweep measured", ROUTER),
+        "router_gemm.min_k": Value(7168, "the sweep measured K = 7168 only", ROUTER),
+        "router_gemm.max_k": Value(7168, "the sweep measured K = 7168 only", ROUTER),
         # sweep: N=256 wins to M=16; N=4096 wins to M=8 (17.9-18.3 vs 20 us) and loses from M=9 (25 vs 20 us).
         "linear_bf16_fp32.max_tokens": Value(8, "N=4096 loses from M=9", LINEAR),
+        "linear_bf16_fp32.min_n": Value(256, "narrowest N swept", LINEAR),
         "linear_bf16_fp32.max_n": Value(4096, "widest N swept", LINEAR),
+        "linear_bf16_fp32.min_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
+        "linear_bf16_fp32.max_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
         "gemv.split_k": Value(True, "small N leaves most of the 132 SMs idle without split-K over a cluster; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
         # sweep over N x K: the largest all-winning box is N <= 12288, K <= 4096 (1.03-1.21x); at
         # K >= 7168 or N >= 16384 cuBLAS ties or wins (it reaches 3.5-4.2 TB/s there).
