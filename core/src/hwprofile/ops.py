@@ -341,9 +341,7 @@ def _mm_fp32(x: Any, w: Any) -> Any:
     if x.is_cuda and _mm_out_dtype is not False:
         try:
             out = torch.mm(x, w.t(), out_dtype=torch.float32)
-        except (TypeError, NotImplementedError, RuntimeError) as exc:  # older torch: no out_dtype for mm
-            if _mm_out_dtype:
-                raise
+        except (TypeError, NotImplementedError) as exc:  # older torch: no out_dtype for mm
             _mm_out_dtype = False
             log.info("hwprofile: torch.mm(out_dtype=float32) is not available (%s); fp32 fallbacks upcast instead", exc)
         else:
@@ -509,9 +507,8 @@ _library: Any = None
 def register() -> None:
     """Register ``torch.ops.hwprofile.<op>`` for every op (idempotent; imports torch).
 
-    It runs by itself when this module is imported after torch, or at the first eager op call;
-    call it before ``torch.compile`` traces an op if ``hwprofile.ops`` was imported before torch
-    and no op has run yet (registering cannot happen while dynamo traces).
+    It runs by itself when this module is imported after torch, or at the first lookup of an op
+    (``ops.router_gemm``), which dynamo performs for real even while it traces.
     """
     global _library, _compiling
     if _custom:
@@ -526,6 +523,7 @@ def register() -> None:
             _define(torch, lib, op)
         _library = lib
         _compiling = torch.compiler.is_compiling
+        globals().update(_PUBLIC)
 
 
 def _define(torch: Any, lib: Any, op: OpDef) -> None:
@@ -553,13 +551,11 @@ def _define(torch: Any, lib: Any, op: OpDef) -> None:
     _custom[op.name] = getattr(torch.ops.hwprofile, op.name).default
 
 
-def _first_call() -> bool:
-    """``_compiling`` until the custom ops are registered: register them, then ask torch."""
-    register()
-    return bool(_compiling())
+def _not_registered() -> bool:
+    raise AssertionError("hwprofile.ops: an op ran before register()")  # unreachable: the ops are reached through __getattr__
 
 
-_compiling: Callable[[], bool] = _first_call
+_compiling: Callable[[], bool] = _not_registered  # torch.compiler.is_compiling once registered
 
 
 def _traced(op: OpDef, out: Any, *args: Any) -> Any:
@@ -571,5 +567,27 @@ def _traced(op: OpDef, out: Any, *args: Any) -> Any:
     return res
 
 
-if "torch" in sys.modules:  # torch is already paid for: register now, so a first call under dynamo finds the ops
+# The public ops are reached through the module's __getattr__ (PEP 562) until the custom ops are
+# registered: an attribute lookup runs for real even while dynamo traces (a call in a traced frame
+# would be traced, and registering cannot be), so the first ``ops.router_gemm`` registers, then
+# binds the functions here and later lookups are plain.
+_PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, linear_bf16_fp32, gemv, fp8_gemv)}
+del router_gemm, linear_bf16_fp32, gemv, fp8_gemv
+
+
+def __getattr__(name: str) -> Any:
+    fn = _PUBLIC.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'hwprofile.ops' has no attribute {name!r}")
+    register()
+    return fn
+
+
+if TYPE_CHECKING:  # for type checkers: the public ops as declared above
+    router_gemm = _PUBLIC["router_gemm"]
+    linear_bf16_fp32 = _PUBLIC["linear_bf16_fp32"]
+    gemv = _PUBLIC["gemv"]
+    fp8_gemv = _PUBLIC["fp8_gemv"]
+
+if "torch" in sys.modules:  # torch is already paid for: register now
     register()
