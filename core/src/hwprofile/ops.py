@@ -336,9 +336,11 @@ _mm_out_dtype: bool | None = None  # does this torch have torch.mm(..., out_dtyp
 def _mm_fp32(x: Any, w: Any) -> Any:
     """``x . w^T`` in float32: cuBLAS with fp32 output where torch has it, else an fp32 upcast (CPU)."""
     global _mm_out_dtype
+    if _mm_out_dtype and x.is_cuda:
+        return _torch.mm(x, w.t(), out_dtype=_torch.float32)
     import torch
 
-    if x.is_cuda and _mm_out_dtype is not False:
+    if x.is_cuda and _mm_out_dtype is None:
         try:
             out = torch.mm(x, w.t(), out_dtype=torch.float32)
         except (TypeError, NotImplementedError) as exc:  # older torch: no out_dtype for mm
@@ -350,11 +352,13 @@ def _mm_fp32(x: Any, w: Any) -> Any:
     return torch.mm(x.float(), w.float().t())
 
 
+_F_linear: Any = None  # torch.nn.functional.linear, bound by register()
+_torch: Any = None  # the torch module, bound by register()
+
+
 def _linear(x: Any, w: Any) -> Any:
     """``x . w^T`` in bf16 with fp32 accumulation (cuBLAS / the CPU BLAS)."""
-    import torch
-
-    return torch.nn.functional.linear(x, w)
+    return _F_linear(x, w)
 
 
 FP8_CHUNK_ELEMENTS: Final = 1 << 24  # weight elements dequantised at a time: 32 MB of bf16
@@ -432,41 +436,59 @@ def _validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int
     return m, n, k, mode
 
 
+_DTYPES: dict[str, tuple[Any, Any, Any]] = {}  # op -> (x, w, out) torch dtypes, filled by register()
+
+
 def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
-    """The eager implementation of every op: validate, route, run the kernel or the fallback."""
-    m, n, k, mode = _validate(op, x, w, scale, out)
-    lead = x.shape[:-1]
-    x2 = x if x.dim() == 2 else x.reshape(m, k)
-    o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
+    """The eager implementation of every op: validate, route, run the kernel or the fallback.
+
+    The common call (2-D x, no ``out``, no scale) is checked inline with a few identity and integer
+    comparisons; anything else, or anything wrong, goes through :func:`_validate`, which says what.
+    """
+    xdt, wdt, odt = _DTYPES[op.name]
+    try:
+        n, k = w.shape
+        m, xk = x.shape
+        fast = out is None and scale is None and x.dtype is xdt and w.dtype is wdt and xk == k
+    except (AttributeError, ValueError, TypeError):
+        fast = False
+    if fast:
+        mode, x2, o2 = NO_SCALE, x, None
+    else:
+        m, n, k, mode = _validate(op, x, w, scale, out)
+        x2 = x if x.dim() == 2 else x.reshape(m, k)
+        o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
     idx = x.get_device()
+    if w.get_device() != idx:
+        _validate(op, x, w, scale, out)  # raises: names both devices
     if idx < 0:
         idx = _cpu_index
     gate: str | None = "cpu"
     if idx >= 0:
         t = _tables.get(idx)
-        if t is None or t.prof is not _profiles.get(idx):
+        if t is None or t.prof is not _profile_mod._profiles.get(idx):
             t = _table(idx)
         r = t.routes[op.name]
-        gate = route(r, m, n, k, (x2, w, scale, o2) if out is not None else (x2, w, scale))
+        gate = route(r, m, n, k, (x2, w) if fast else (x2, w, scale, o2) if out is not None else (x2, w, scale))
         if gate is None:
-            res = o2 if o2 is not None else x.new_empty((m, n), dtype=_dtype(op.out_dtype))
+            res = o2 if o2 is not None else x.new_empty((m, n), dtype=odt)
             if _launch(t, op.name, res, x2, w, scale, m, n, k, mode):
                 r.counts["kernel"] += 1
-                return out if out is not None else (res if x.dim() == 2 else res.view(*lead, n))
+                return out if out is not None else res if x2 is x else res.view(*x.shape[:-1], n)
             gate = "failed"
         r.counts["fallback"] += 1
     if gate == "empty":
-        res = x.new_zeros((m, n), dtype=_dtype(op.out_dtype))
-    elif op.scaled:
+        res = x.new_zeros((m, n), dtype=odt)
+    elif mode != NO_SCALE:
         res = _fp8_fallback(x2, w, scale)
-    elif op.out_dtype == "float32":
+    elif odt is not xdt:
         res = _mm_fp32(x2, w)
     else:
-        res = _linear(x2, w)
+        res = _F_linear(x2, w)  # _linear, without one Python call
     if out is not None:
         out.copy_(res.view(out.shape))
         return out
-    return res if x.dim() == 2 else res.view(*lead, n)
+    return res if x2 is x else res.view(*x.shape[:-1], n)
 
 
 def router_gemm(hidden: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -518,6 +540,10 @@ def register() -> None:
     with _register_lock:
         if _custom:
             return
+        global _F_linear, _torch
+        _F_linear, _torch = torch.nn.functional.linear, torch
+        for op in OPS.values():
+            _DTYPES[op.name] = (getattr(torch, op.x_dtype), getattr(torch, op.w_dtype), getattr(torch, op.out_dtype))
         lib = torch.library.Library("hwprofile", "FRAGMENT")
         for op in OPS.values():
             _define(torch, lib, op)
