@@ -159,7 +159,7 @@ def test_fp32_ops_are_exact_to_fp32_accumulation() -> None:
     for fn in (ops.router_gemm, ops.linear_bf16_fp32):
         out = fn(x, w)
         r = ref("router_gemm", x, w)
-        assert float(((out.double() - r).norm() / r.norm())) < 1e-6
+        assert float((out.double() - r).norm() / r.norm()) < 1e-6
 
 
 # --- from the peers' kernel tests -------------------------------------------------------------------
