@@ -245,12 +245,17 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
 # --- kernel path ---------------------------------------------------------------------------------
 
 
+_current_raw_stream: Any = None  # torch._C._cuda_getCurrentRawStream (what Triton uses: no Stream object), bound lazily
+
+
 def _raw_stream(index: int) -> int:
     """Handle of torch's current stream on ``index`` (so graph capture records the launch)."""
-    import torch
+    global _current_raw_stream
+    if _current_raw_stream is None:
+        import torch
 
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton uses: no Stream object
-    return int(get(index)) if get is not None else int(torch.cuda.current_stream(index).cuda_stream)
+        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return int(_current_raw_stream(index))
 
 
 def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> tuple[Any, Any] | None:
