@@ -92,8 +92,10 @@ class _Route:
     __slots__ = ("counts", "k_multiple", "max_k", "max_m", "max_n", "min_k", "min_n", "n_multiple", "off", "op", "roof_hi", "roof_lo", "who")
 
     def __init__(self, op: OpDef, prof: Profile) -> None:
+        settings: Any = prof  # Profile[key] is the setting's value (typed loosely while Profile is a NamedTuple)
+
         def val(b: int | str) -> int:
-            return b if isinstance(b, int) else int(prof[b])
+            return b if isinstance(b, int) else int(settings[b])
 
         self.op = op
         self.who = prof.plugin.name if prof.plugin else "no architecture plugin"
@@ -269,7 +271,10 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> tuple[
         launch = spec.configure(m=m, n=n, k=k, split_k=t.split_k, **({"scale": scale_mode} if OPS[op].scaled else {}))
         from . import jit
 
-        kern = jit.load(spec, t.prof.target, launch, t.index, _ARG_TYPES)
+        target = t.prof.target
+        if target is None:
+            raise KernelError(f"{op}: the profile of device {t.index} has no NVRTC target")
+        kern = jit.load(spec, target, launch, t.index, _ARG_TYPES)
     except KernelError as exc:
         if t.strict:
             raise
@@ -303,7 +308,7 @@ def _check_launch(op: str, index: int, out: Any, x: Any, w: Any, scale: Any, m: 
     import torch
 
     d = OPS[op]
-    want = {
+    want: dict[str, tuple[Any, Any, tuple[int, int] | None]] = {
         "out": (out, getattr(torch, d.out_dtype), (m, n)),
         "x": (x, getattr(torch, d.x_dtype), (m, k)),
         "w": (w, getattr(torch, d.w_dtype), (n, k)),
