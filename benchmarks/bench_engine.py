@@ -116,6 +116,7 @@ def main() -> None:
     print(f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, fingerprint {prof.fingerprint}")
     rows: list[dict[str, Any]] = []
     w = torch.randn(256, 7168, device=dev).bfloat16()
+    torch._dynamo.mark_static_address(w)  # a weight, as a module parameter would be: CUDA-graph trees must not copy it per step
     for m in (1, 2, 4, 8, 16):
         h = torch.randn(m, 7168, device=dev).bfloat16()
         print(f"  gate M={m}: {ops.decide('router_gemm', prof, m=m, n=256, k=7168).reason}")
@@ -123,6 +124,8 @@ def main() -> None:
         measure(f"dsv3 gate M={m}", {"hwprofile": gate_hw, "torch": gate_torch}, (h, w), rows, modes)
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)] * 4
     ws = [torch.randn(n, k, device=dev).bfloat16() * 0.02 for n, k in shapes]
+    for t in ws:
+        torch._dynamo.mark_static_address(t)
     for n, k in shapes[:4]:
         print(f"  decode {n}x{k}: {ops.decide('gemv', prof, m=1, n=n, k=k).reason}")
     x = torch.randn(1, 4096, device=dev).bfloat16()

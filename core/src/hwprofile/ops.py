@@ -194,7 +194,7 @@ class _Table:
         self.strict = bool(prof["strict"])
         self.split_k = bool(prof["gemv.split_k"])
         self.routes = {name: _Route(op, prof) for name, op in OPS.items()}
-        self.launches: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self.launches: dict[tuple[Any, ...], Callable[..., None]] = {}  # (op, m, n, k, scale mode) -> launcher
         self.logged: set[tuple[str, str]] = set()
 
     @property
@@ -260,12 +260,13 @@ def _raw_stream(index: int) -> int:
     return int(_current_raw_stream(index))
 
 
-def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> tuple[Any, Any] | None:
-    """The loaded kernel and its launch for a shape (memoised per table); None after one warning if it fails."""
+def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> Callable[..., None] | None:
+    """The launcher of ``op``'s kernel for a shape (memoised per table); None after one warning if it cannot load.
+
+    The first launch goes through the loaded kernel (``jit``), which also raises the shared-memory
+    limit where needed; later ones through :mod:`hwprofile.fastlaunch` where libcuda is loadable.
+    """
     key = (op, m, n, k, scale_mode)
-    hit = t.launches.get(key)
-    if hit is not None:
-        return hit
     spec = t.prof.kernels[op]
     try:
         launch = spec.configure(m=m, n=n, k=k, split_k=t.split_k, **({"scale": scale_mode} if OPS[op].scaled else {}))
@@ -281,8 +282,16 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> tuple[
         t.routes[op].off = "failed"
         warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=4)
         return None
-    hit = t.launches[key] = (kern, launch)
-    return hit
+
+    def first(stream: int, *args: int) -> None:
+        kern.launch(launch, stream, args)
+        from . import fastlaunch
+
+        fast = fastlaunch.make(kern, launch)
+        t.launches[key] = fast if fast is not None else (lambda s, *a: kern.launch(launch, s, a))
+
+    t.launches[key] = first
+    return first
 
 
 def _launch(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, scale_mode: int) -> bool:
@@ -290,11 +299,10 @@ def _launch(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n:
 
     The launcher seam: CPU tests replace it with a fake that computes the result in torch.
     """
-    hit = _load(t, op, m, n, k, scale_mode)
-    if hit is None:
+    go = t.launches.get((op, m, n, k, scale_mode)) or _load(t, op, m, n, k, scale_mode)
+    if go is None:
         return False
-    kern, launch = hit
-    kern.launch(launch, _raw_stream(t.index), (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k))
+    go(_raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k)
     return True
 
 
@@ -364,6 +372,7 @@ def _mm_fp32(x: Any, w: Any) -> Any:
 
 _F_linear: Any = None  # torch.nn.functional.linear, bound by register()
 _torch: Any = None  # the torch module, bound by register()
+_F32: Any = None  # torch.float32, bound by register()
 
 
 def _linear(x: Any, w: Any) -> Any:
@@ -452,25 +461,32 @@ _DTYPES: dict[str, tuple[Any, Any, Any]] = {}  # op -> (x, w, out) torch dtypes,
 def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
     """The eager implementation of every op: validate, route, run the kernel or the fallback.
 
-    The common call (2-D x, no ``out``, no scale) is checked inline with a few identity and integer
-    comparisons; anything else, or anything wrong, goes through :func:`_validate`, which says what.
+    The common call (2-D x, no ``out``, a 1-element or per-row scale) is checked inline with a few
+    identity and integer comparisons; anything else, or anything wrong, goes through
+    :func:`_validate`, which says what. Devices of x and w are compared before a launch; on the
+    fallback path torch reports a mismatch itself.
     """
     xdt, wdt, odt = _DTYPES[op.name]
+    mode = NO_SCALE
     try:
         n, k = w.shape
         m, xk = x.shape
-        fast = out is None and scale is None and x.dtype is xdt and w.dtype is wdt and xk == k
+        fast = out is None and x.dtype is xdt and w.dtype is wdt and xk == k
+        if scale is not None and fast:  # the scaled ops' common call: a per-tensor or per-row fp32 scale
+            sn = scale.numel()
+            mode = TENSOR_SCALE if sn == 1 and scale.dim() <= 1 else ROW_SCALE if sn == n and scale.dim() == 1 else NO_SCALE
+            fast = mode != NO_SCALE and scale.dtype is _F32 and scale.get_device() == x.get_device()
+        elif wdt is not xdt:  # a scaled op called without its scale: _validate says so
+            fast = False
     except (AttributeError, ValueError, TypeError):
         fast = False
     if fast:
-        mode, x2, o2 = NO_SCALE, x, None
+        x2, o2 = x, None
     else:
         m, n, k, mode = _validate(op, x, w, scale, out)
         x2 = x if x.dim() == 2 else x.reshape(m, k)
         o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
     idx = x.get_device()
-    if w.get_device() != idx:
-        _validate(op, x, w, scale, out)  # raises: names both devices
     if idx < 0:
         idx = _cpu_index
     gate: str | None = "cpu"
@@ -479,7 +495,9 @@ def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
         if t is None or t.prof is not _profile_mod._profiles.get(idx):
             t = _table(idx)
         r = t.routes[op.name]
-        gate = route(r, m, n, k, (x2, w) if fast else (x2, w, scale, o2) if out is not None else (x2, w, scale))
+        gate = route(r, m, n, k, (x2, w, scale) if fast else (x2, w, scale, o2) if out is not None else (x2, w, scale))
+        if gate is None and w.get_device() != x.get_device():
+            _validate(op, x, w, scale, out)  # raises, naming both devices (the fallback lets torch say it)
         if gate is None:
             res = o2 if o2 is not None else x.new_empty((m, n), dtype=odt)
             if _launch(t, op.name, res, x2, w, scale, m, n, k, mode):
@@ -550,8 +568,8 @@ def register() -> None:
     with _register_lock:
         if _custom:
             return
-        global _F_linear, _torch
-        _F_linear, _torch = torch.nn.functional.linear, torch
+        global _F_linear, _torch, _F32
+        _F_linear, _torch, _F32 = torch.nn.functional.linear, torch, torch.float32
         for op in OPS.values():
             _DTYPES[op.name] = (getattr(torch, op.x_dtype), getattr(torch, op.w_dtype), getattr(torch, op.out_dtype))
         lib = torch.library.Library("hwprofile", "FRAGMENT")
