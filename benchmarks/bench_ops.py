@@ -205,15 +205,12 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
     x = torch.randn(1, 4096, device=dev).bfloat16()
     w = torch.randn(4096, 4096, device=dev).bfloat16()
     out = torch.empty(1, 4096, device=dev, dtype=torch.bfloat16)
-    ops._launch(t, "gemv", out, x, w, None, 1, 4096, 4096, 0)  # first launch: through jit, then the fast launcher
-    fast = t.launches[("gemv", 1, 4096, 4096, 0)]
     launch = prof.kernels["gemv"].configure(m=1, n=4096, k=4096, split_k=t.split_k)
     kern = jit.load(prof.kernels["gemv"], prof.target, launch, 0, ops._ARG_TYPES)
     stream = torch.cuda.current_stream().cuda_stream
     args = (out.data_ptr(), x.data_ptr(), w.data_ptr(), 0, 1, 4096, 4096)
     res["host_us"] = {
         "jit LoadedKernel.launch (cuda-python)": _wall(lambda: kern.launch(launch, stream, args)),
-        f"fast launcher ({type(fast).__name__})": _wall(lambda: fast(stream, *args)),
         "ops._launch (memo + stream + launch)": _wall(lambda: ops._launch(t, "gemv", out, x, w, None, 1, 4096, 4096, 0)),
         "x.new_empty": _wall(lambda: x.new_empty((1, 4096))),
         "route()": _wall(lambda: ops.route(t.routes["gemv"], 1, 4096, 4096, (x, w))),
