@@ -39,6 +39,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, final
 
+from . import _state
 from . import profiles as _profile_mod
 from ._log import get_logger
 from .errors import KernelError
@@ -220,8 +221,9 @@ def _table(index: int) -> _Table:
     return t
 
 
+@_state.on_reset
 def reset_dispatch() -> None:
-    """Forget dispatch tables (after ``hwprofile.reset()``)."""
+    """Forget dispatch tables (``hwprofile.reset()`` calls it)."""
     _tables.clear()
 
 
@@ -454,7 +456,7 @@ def _validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int
 _DTYPES: dict[str, tuple[Any, Any, Any]] = {}  # op -> (x, w, out) torch dtypes, filled by register()
 
 
-def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
+def _run(op: OpDef, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
     """The eager implementation of every op: validate, route, run the kernel or the fallback.
 
     The common call (2-D x, no ``out``, a 1-element or per-row scale) is checked inline with a few
@@ -464,6 +466,7 @@ def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
     """
     xdt, wdt, odt = _DTYPES[op.name]
     mode = NO_SCALE
+    res: torch.Tensor
     try:
         n, k = w.shape
         m, xk = x.shape
@@ -487,8 +490,8 @@ def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
         idx = _cpu_index
     gate: str | None = "cpu"
     if idx >= 0:
-        t = _tables.get(idx)
-        if t is None or t.prof is not _profile_mod._profiles.get(idx):
+        t = _tables.get(idx)  # hwprofile.reset() clears the tables with the profiles
+        if t is None:
             t = _table(idx)
         r = t.routes[op.name]
         gate = route(r, m, n, k, (x2, w, scale) if fast else (x2, w, scale, o2) if out is not None else (x2, w, scale))
@@ -568,7 +571,8 @@ def register() -> None:
         _F_linear, _torch, _F32 = torch.nn.functional.linear, torch, torch.float32
         for op in OPS.values():
             _DTYPES[op.name] = (getattr(torch, op.x_dtype), getattr(torch, op.w_dtype), getattr(torch, op.out_dtype))
-        lib = torch.library.Library("hwprofile", "FRAGMENT")
+        library: Any = torch.library.Library  # untyped in some torch builds
+        lib = library("hwprofile", "FRAGMENT")
         for op in OPS.values():
             _define(torch, lib, op)
         _library = lib
@@ -608,9 +612,9 @@ def _not_registered() -> bool:
 _compiling: Callable[[], bool] = _not_registered  # torch.compiler.is_compiling once registered
 
 
-def _traced(op: OpDef, out: Any, *args: Any) -> Any:
+def _traced(op: OpDef, out: torch.Tensor | None, *args: torch.Tensor) -> torch.Tensor:
     """What torch.compile traces: the custom op (opaque, with a fake implementation), then ``out``."""
-    res = _custom[op.name](*args)
+    res: torch.Tensor = _custom[op.name](*args)
     if out is not None:
         out.copy_(res)
         return out

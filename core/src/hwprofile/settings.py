@@ -14,7 +14,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ._record import Record, _set, final
 from .errors import SettingError
@@ -320,7 +320,7 @@ def _op_settings() -> tuple[Setting, ...]:
     """The ops' settings, declared once in the op table (``hwprofile.optable``)."""
     from .optable import setting_declarations
 
-    return tuple(Setting(key, type_, default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations())
+    return tuple(Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations())
 
 
 CORE_SETTINGS: tuple[Setting, ...] = (
