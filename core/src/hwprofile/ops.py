@@ -629,6 +629,10 @@ _PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, l
 del router_gemm, linear_bf16_fp32, gemv, fp8_gemv
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
 def __getattr__(name: str) -> Any:
     fn = _PUBLIC.get(name)
     if fn is None:
