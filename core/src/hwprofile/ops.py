@@ -24,7 +24,8 @@ load warns once and the op falls back from then on (``HWPROFILE_STRICT=1`` raise
 
 Under ``torch.compile`` each op goes through its ``torch.ops.hwprofile.<op>`` custom op (registered
 with a fake implementation, see :func:`register`); in eager mode it calls the implementation
-directly, because the dispatcher's host cost would exceed the 1 µs the op may add to its fallback.
+directly: the dispatcher would add host time to every call, and an op may cost at most 1 µs more
+than its fallback (measured in benchmarks/RESULTS.md, "Ops in an engine").
 
 PYTEST_DONT_REWRITE
 """
