@@ -40,6 +40,9 @@ class FakeLauncher:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> Iterator[FakeLauncher]:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    # the bounds these tests probe, pinned (the user layer wins), so re-tuned plugin values do not move them
+    for key, value in {"ROUTER_GEMM_MAX_TOKENS": "16", "LINEAR_BF16_FP32_MAX_TOKENS": "8", "GEMV_MAX_N": "12288", "GEMV_MAX_K": "4096"}.items():
+        monkeypatch.setenv(f"HWPROFILE_{key}", value)
     hwprofile.reset()
     ops.reset_dispatch()
     launcher = FakeLauncher()
@@ -125,7 +128,7 @@ def test_empty_problems_never_launch_and_decide_does_not_blame_the_threshold(fak
     assert d.gate == "empty" and "max_tokens" not in d.reason and "M=0" in d.reason
 
 
-# --- linear_bf16_fp32 (sm90: M <= 8, N 256..4096, K = 7168) --------------------------------------------
+# --- linear_bf16_fp32 (M <= 8 pinned above; sm90: N 256..4096, K = 7168) ------------------------------
 
 
 def test_linear_gates(fake: FakeLauncher) -> None:
@@ -136,7 +139,7 @@ def test_linear_gates(fake: FakeLauncher) -> None:
     assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 4096), rand(256, 4096))
 
 
-# --- gemv (sm90 box: N 64..12288, K 512..4096, K % 512, N % 8, M = 1) ----------------------------------
+# --- gemv (box pinned above: N 64..12288, K 512..4096, K % 512, N % 8, M = 1) --------------------------
 
 
 def test_gemv_gates(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
