@@ -41,7 +41,8 @@ class FakeLauncher:
 def fake(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> Iterator[FakeLauncher]:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     # the bounds these tests probe, pinned (the user layer wins), so re-tuned plugin values do not move them
-    for key, value in {"ROUTER_GEMM_MAX_TOKENS": "16", "LINEAR_BF16_FP32_MAX_TOKENS": "8", "GEMV_MAX_N": "12288", "GEMV_MAX_K": "4096"}.items():
+    for key, value in {"ROUTER_GEMM_MAX_TOKENS": "16", "LINEAR_BF16_FP32_MAX_TOKENS": "8", "GEMV_MAX_N": "12288", "GEMV_MAX_K": "4096",
+                       "FP8_GEMV_MIN_N": "64", "FP8_GEMV_MIN_K": "512"}.items():
         monkeypatch.setenv(f"HWPROFILE_{key}", value)
     hwprofile.reset()
     ops.reset_dispatch()

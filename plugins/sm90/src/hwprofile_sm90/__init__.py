@@ -35,7 +35,8 @@ _LIBS = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
 ROUTER = Stamp("router_gemm", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 LINEAR = Stamp("linear_bf16_fp32", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 GEMV = Stamp("gemv", fallback={"function": "torch.nn.functional.linear", **_LIBS}, **_H200)
-FP8 = Stamp("fp8_gemv", fallback={"function": "dequantise + torch.nn.functional.linear", **_LIBS}, **_H200)
+# re-swept against the chunked, fp32-accumulating FP8 fallback (benchmarks/h200/ops_sweeps/fp8_gemv.toml, same kernel)
+FP8 = Stamp("fp8_gemv", fallback={"function": "chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", **_LIBS}, **_H200)
 
 
 @hookimpl
@@ -62,9 +63,11 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
         "gemv.max_k": Value(7168, "largest all-winning box of the sweep: K <= 7168", GEMV),
         "gemv.cublas_roof_n_min": Value(0, "no gap: the box already leaves cuBLAS's near-roof range to cuBLAS", GEMV),
         "gemv.cublas_roof_n_max": Value(0, "no gap", GEMV),
-        # FP8: the fallback dequantises the whole weight every call; the kernel won 8-30x at every
-        # swept shape, N up to 152064 and K up to 7168 (the sweep grid's widest K).
+        # FP8: against the chunked fallback (bf16 dequantise per 32 MB, fp32 product, scale) the kernel
+        # won 5-16x at every swept shape: N = 2048..152064, K = 2048..7168; dispatched only there.
+        "fp8_gemv.min_n": Value(2048, "smallest N the sweep measured", FP8),
         "fp8_gemv.max_n": Value(152064, "every swept N won", FP8),
+        "fp8_gemv.min_k": Value(2048, "smallest K the sweep measured", FP8),
         "fp8_gemv.max_k": Value(7168, "every swept K won; K = 7168 is the widest swept", FP8),
         "fp8_gemv.cublas_roof_n_min": Value(0, "no near-roof fallback for FP8 at M = 1"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
