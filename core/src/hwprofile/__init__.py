@@ -36,10 +36,11 @@ _LAZY = {
     "SettingError": "errors",
     "DeviceError": "errors",
     "KernelError": "errors",
+    "AgreementError": "errors",
 }
 
 __all__ = [
-    "ArchSpec", "DeviceError", "DeviceInfo", "EnvDefault", "HwprofileError", "KernelError", "KernelSpec", "Launch",
+    "AgreementError", "ArchSpec", "DeviceError", "DeviceInfo", "EnvDefault", "HwprofileError", "KernelError", "KernelSpec", "Launch",
     "PluginError", "PluginInfo", "Profile", "Setting", "SettingError", "Value", "__version__", "detect", "hookimpl",
     "profile", "reset",
 ]
@@ -58,7 +59,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from .device import DeviceInfo, detect
-    from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
+    from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError
     from .hookspecs import hookimpl
     from .kernelspec import KernelSpec, Launch
     from .profiles import Profile, profile, reset

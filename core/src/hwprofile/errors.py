@@ -32,3 +32,19 @@ class KernelCompileError(KernelError):
 
 class ToolchainError(KernelError):
     """NVRTC, the CUDA headers or the driver are missing or too old for the target."""
+
+
+class AgreementError(HwprofileError):
+    """The ranks of a torch.distributed group resolved different profiles, or not all of them took part.
+
+    Raised on every rank that called :func:`hwprofile.distributed.check_agreement`. ``differences``
+    names each differing key with the values, provenance and ranks holding them; ``missing`` lists
+    the ranks that had not called it when a timeout or a failed collective ended the wait; ``ranks``
+    holds the per-rank summaries when they were gathered (for a table).
+    """
+
+    def __init__(self, message: str, *, differences: tuple[object, ...] = (), missing: tuple[int, ...] = (), ranks: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.differences = differences
+        self.missing = missing
+        self.ranks = ranks
