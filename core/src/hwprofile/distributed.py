@@ -83,11 +83,13 @@ class RankSummary:
     versions can still read each other's summaries and the difference shows as a key.
     """
 
-    __slots__ = ("device_index", "device_name", "device_sm", "digest", "entries", "fingerprint", "host", "local_rank", "plugin", "rank", "target")
+    __slots__ = (
+        "device_index", "device_name", "device_sm", "digest", "disabled", "entries", "fingerprint", "host", "local_rank", "plugin", "rank", "target",
+    )
 
     def __init__(
         self, *, rank: int, host: str, local_rank: int | None, device_index: int, device_name: str, device_sm: str, plugin: str,
-        target: str, fingerprint: str, digest: str, entries: Mapping[str, Entry],
+        target: str, fingerprint: str, digest: str, entries: Mapping[str, Entry], disabled: tuple[str, ...] = (),
     ) -> None:
         self.rank: int = rank  # global rank
         self.host: str = host
@@ -100,6 +102,7 @@ class RankSummary:
         self.fingerprint: str = fingerprint  # the profile's fingerprint
         self.digest: str = digest  # hex SHA-256 over the compared entries and the fingerprint
         self.entries: Mapping[str, Entry] = entries
+        self.disabled: tuple[str, ...] = disabled  # HWPROFILE_DISABLE_PLUGINS on that rank: explains an absent plugin
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {s: getattr(self, s) for s in self.__slots__ if s != "entries"}
@@ -113,13 +116,14 @@ class RankSummary:
             rank=int(d["rank"]), host=str(d.get("host", "?")), local_rank=d.get("local_rank"), device_index=int(d.get("device_index", -1)),
             device_name=str(d.get("device_name", "?")), device_sm=str(d.get("device_sm", "?")), plugin=str(d.get("plugin", "?")),
             target=str(d.get("target", "?")), fingerprint=str(d.get("fingerprint", "?")), digest=str(d.get("digest", "")), entries=entries,
+            disabled=tuple(str(x) for x in d.get("disabled", ())),
         )
 
     def with_identity(self, rank: int, host: str, local_rank: int | None, device_index: int, fingerprint: str) -> RankSummary:
         """This summary's keys under another rank's identity (valid only when their digests are equal)."""
         return RankSummary(
             rank=rank, host=host, local_rank=local_rank, device_index=device_index, device_name=self.device_name, device_sm=self.device_sm,
-            plugin=self.plugin, target=self.target, fingerprint=fingerprint, digest=self.digest, entries=self.entries,
+            plugin=self.plugin, target=self.target, fingerprint=fingerprint, digest=self.digest, entries=self.entries, disabled=self.disabled,
         )
 
     @property
@@ -195,7 +199,7 @@ class Agreement:
         n, h = self.size, len(self.hosts)
         head = f"hwprofile: {n} rank{'s' * (n != 1)} on {h} host{'s' * (h != 1)} agree"
         if len(self.models) > 1:
-            models = "; ".join(f"ranks {_ranks(r)}: {name} ({sm})" for (name, sm), r in self.models.items())
+            models = "; ".join(f"{_who(r)}: {name} ({sm})" for (name, sm), r in self.models.items())
             return f"{head} apart from their GPU models, accepted by mixed='allow' ({models})"
         r0 = self.ranks[0]
         return f"{head} on {r0.device_name} ({r0.device_sm}), plugin {r0.plugin}, fingerprint {r0.fingerprint} (digest {self.digest[:12]})"
@@ -260,12 +264,17 @@ def _setting_source(s: Any) -> str:
     return text + (f"; {'; '.join(ignored)}" if ignored else "")
 
 
-def profile_entries(prof: Profile) -> dict[str, Entry]:
-    """Every key of a profile that must agree across ranks, with its provenance and scope."""
+def profile_entries(prof: Profile, environ: Mapping[str, str] | None = None) -> dict[str, Entry]:
+    """Every key of a profile that must agree across ranks, with its provenance and scope.
+
+    ``environ`` (default ``os.environ``) is the environment the profile was resolved from; it only
+    explains a plugin selection (a pin or a disable list).
+    """
     import torch
 
     from .registry import DISABLE_ENV, PIN_ENV
 
+    env = os.environ if environ is None else environ
     d = prof.device
     out: dict[str, Entry] = {}
     out["hwprofile"] = Entry(__version__, "hwprofile core", "job")
@@ -275,8 +284,8 @@ def profile_entries(prof: Profile) -> dict[str, Entry]:
     out["device.name"] = Entry(d.name, where, "model")
     out["device.capability"] = Entry(f"{d.compute_capability[0]}.{d.compute_capability[1]}", where, "model")
     p = prof.plugin
-    pinned = os.environ.get(PIN_ENV, "").strip()
-    reason = prof.selection.reason + (f" ({DISABLE_ENV}={os.environ[DISABLE_ENV]})" if os.environ.get(DISABLE_ENV) else "")
+    pinned = env.get(PIN_ENV, "").strip()
+    reason = prof.selection.reason + (f" ({DISABLE_ENV}={env[DISABLE_ENV]})" if env.get(DISABLE_ENV) else "")
     out["plugin"] = Entry(p.name if p else "none", reason, "job" if pinned else "device")
     out["plugin.target"] = Entry(prof.target or "none", reason, "device")
     for part in prof.participants:
@@ -317,6 +326,14 @@ def _local(prof: Profile) -> tuple[dict[str, Entry], bytes]:
     digest = entries_digest(entries, prof.fingerprint)
     _local_cache[prof.device.index] = (prof, entries, digest)
     return entries, digest
+
+
+def disabled_plugins(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Plugin names blocked by ``HWPROFILE_DISABLE_PLUGINS`` (as the registry reads it)."""
+    from .registry import DISABLE_ENV
+
+    env = os.environ if environ is None else environ
+    return tuple(n.strip() for n in env.get(DISABLE_ENV, "").split(",") if n.strip())
 
 
 def _local_rank() -> int | None:
@@ -426,6 +443,8 @@ def _difference(key: str, scope: str, group: Sequence[RankSummary], get: Any = N
 
 
 def _absent_reason(key: str, s: RankSummary) -> str:
+    if key.startswith("plugin.") and key[7:] in s.disabled:
+        return f"not loaded on this rank: disabled by HWPROFILE_DISABLE_PLUGINS={','.join(s.disabled)}"
     if key.startswith("plugin."):
         return "not loaded on this rank (not installed, disabled by HWPROFILE_DISABLE_PLUGINS, or it does not serve this device)"
     if key.startswith("kernel."):
@@ -448,7 +467,7 @@ def _message(diffs: Sequence[Difference], summaries: Sequence[RankSummary], mode
         "tensor-parallel job diverges or hangs."
     ]
     if len(models) > 1 and mixed == "error":
-        desc = "; ".join(f"ranks {_ranks(r)}: {name} ({sm})" for (name, sm), r in models.items())
+        desc = "; ".join(f"{_who(r)}: {name} ({sm})" for (name, sm), r in models.items())
         lines.append(
             f"  The ranks run different GPU models ({desc}). If that is intended, pass mixed='allow' "
             "(bring-up: --mixed allow); model-dependent keys are then compared only among ranks of one model."
@@ -457,7 +476,7 @@ def _message(diffs: Sequence[Difference], summaries: Sequence[RankSummary], mode
         lines.append(f"  {d.key}:")
         for h in d.holdings:
             where = ", ".join(f"{_ranks(r)} (host {host})" for host, r in h.hosts.items())
-            lines.append(f"    = {h.value}  on rank{'s' * (len(h.ranks) > 1)} {where}, from {' | '.join(h.sources)}")
+            lines.append(f"    = {h.value}  on {'ranks' if len(h.ranks) > 1 else 'rank'} {where}, from {' | '.join(h.sources)}")
     if len(diffs) > _MAX_LISTED:
         lines.append(f"  ... and {len(diffs) - _MAX_LISTED} more (AgreementError.differences has them all)")
     lines.append(
@@ -532,7 +551,7 @@ def check_agreement(
     mine = RankSummary(
         rank=me, host=host, local_rank=local_rank, device_index=index, device_name=prof.device.name, device_sm=prof.device.sm,
         plugin=prof.plugin.label if prof.plugin else "none", target=prof.target or "-", fingerprint=prof.fingerprint, digest=digest.hex(),
-        entries=entries,
+        entries=entries, disabled=disabled_plugins(),
     )
     if len(ranks) == 1:
         return Agreement((mine,), {mine.model: (me,)}, mixed=mixed, gathered=True, seconds=time.perf_counter() - t0)
@@ -551,7 +570,7 @@ def check_agreement(
         else:
             work.wait(timedelta(seconds=wait_s))
         raw = bytes(out.cpu().untyped_storage())
-    except Exception as exc:  # noqa: BLE001 - a timeout or a peer that died: say which ranks were missing
+    except Exception as exc:  # a timeout or a peer that died: say which ranks were missing
         raise _missing_error(dist, tag, seq, me, ranks, wait_s, exc) from exc
 
     records = [_RECORD.unpack_from(raw, i * RECORD_BYTES) for i in range(len(ranks))]
@@ -573,8 +592,8 @@ def check_agreement(
     agreement = Agreement(summaries, models, mixed=mixed, gathered=True, seconds=time.perf_counter() - t0)
     if len(models) > 1 and me == ranks[0]:
         log.warning(
-            "%s. Kernels and thresholds follow each model, so results differ between the models in the last bits "
-            "(mixed='allow'); everything else agrees.", agreement.describe(),
+            "%s. Kernels and thresholds follow each model, so results differ between the models in the last bits; "
+            "everything else agrees.", agreement.describe(),
         )
     return agreement
 
@@ -624,6 +643,11 @@ def _missing_error(dist: Any, tag: str, seq: int, me: int, ranks: Sequence[int],
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+
+def _who(ranks: Sequence[int]) -> str:
+    """``"rank 3"`` or ``"ranks 0-2, 5"``."""
+    return f"rank{'s' * (len(set(ranks)) > 1)} {_ranks(ranks)}"
 
 
 def _ranks(ranks: Iterable[int]) -> str:
