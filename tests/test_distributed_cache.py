@@ -32,7 +32,7 @@ def run_concurrently(cache: Path, n: int) -> list[list[dict[str, Any]]]:
     cmd, env = compile_cmd(cache)
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     return [json.loads(out) for out, _ in outs]
 
