@@ -540,6 +540,8 @@ def check_agreement(
         )
     from .profiles import profile
 
+    if group is not None and dist.get_rank(group) < 0:
+        raise HwprofileError(f"check_agreement: rank {dist.get_rank()} is not a member of the group it was given; call it on the group's ranks only")
     backend = str(dist.get_backend(group)).lower()
     cuda = "nccl" in backend and "gloo" not in backend  # a combined "cpu:gloo,cuda:nccl" group gathers CPU tensors over gloo
     index = resolve_device(device, cuda_backend=cuda)
