@@ -732,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(json_dumps({"agree": False, "error": str(exc), "ranks": [_row(r) for r in exc.ranks]}))
                 else:
                     if exc.ranks:
-                        print(_table([_row_cells(r) for r in exc.ranks if isinstance(r, RankSummary)], _HEADER))
+                        print(_table([_row_cells(r) for r in exc.ranks], _HEADER))
                     print(str(exc), file=sys.stderr)
             return 1
         except HwprofileError as exc:
@@ -756,7 +756,7 @@ def _row_cells(r: RankSummary) -> list[str]:
             r.plugin, r.target, r.fingerprint]
 
 
-def _row(r: Any) -> dict[str, Any]:
+def _row(r: RankSummary) -> dict[str, Any]:
     return {k: v for k, v in r.to_wire().items() if k != "entries"}
 
 

@@ -5,6 +5,11 @@ PYTEST_DONT_REWRITE
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .distributed import Difference, RankSummary
+
 
 class HwprofileError(Exception):
     """Base class of every error hwprofile raises on purpose."""
@@ -43,8 +48,10 @@ class AgreementError(HwprofileError):
     holds the per-rank summaries when they were gathered (for a table).
     """
 
-    def __init__(self, message: str, *, differences: tuple[object, ...] = (), missing: tuple[int, ...] = (), ranks: tuple[object, ...] = ()) -> None:
+    def __init__(
+        self, message: str, *, differences: tuple[Difference, ...] = (), missing: tuple[int, ...] = (), ranks: tuple[RankSummary, ...] = (),
+    ) -> None:
         super().__init__(message)
-        self.differences = differences
-        self.missing = missing
-        self.ranks = ranks
+        self.differences: tuple[Difference, ...] = differences
+        self.missing: tuple[int, ...] = missing
+        self.ranks: tuple[RankSummary, ...] = ranks
