@@ -188,7 +188,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             dev = DeviceInfo(0, f"compile-only {target}", cc, simulated=True)
             specs = reg._call_plugin("hwprofile_kernels", p, device=dev, target=target) or []
             for spec in specs:
-                work.append((spec._replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
+                work.append((spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
     if wanted:
         known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
         missing = wanted - known
