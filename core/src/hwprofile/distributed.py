@@ -1,8 +1,9 @@
-"""Cross-rank agreement: every rank of a torch.distributed group resolved the same profile, or the job stops.
+"""Cross-rank agreement over the engine's torch.distributed group; never a transport of its own, never torch at import.
 
-Never imported by ``import hwprofile``; imports torch.distributed only inside the functions that
-need it. It never creates a transport of its own: the one collective goes through the group the
-engine already initialised (gloo on the CPU, NCCL on the rank's current CUDA device).
+Every rank of a group must have resolved the same profile, or the job stops with the ranks and keys
+named. Never imported by ``import hwprofile``; torch.distributed is imported inside the functions
+that need it. The one collective goes through the group the engine already initialised (gloo on the
+CPU, NCCL on the rank's current CUDA device).
 
     import torch.distributed as dist, hwprofile.distributed
     dist.init_process_group("nccl")
@@ -32,10 +33,12 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, final
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
 
 from . import __version__
 from ._log import get_logger
+from ._record import Record, _set, final
 from .errors import AgreementError, HwprofileError
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ log = get_logger(__name__)
 
 MIXED_CHOICES: Final = ("error", "allow")
 
-# Scopes of a compared key, from the strictest:
+# Scopes of a compared key (_SCOPES lists them weakest first; a key takes the strictest scope any rank gives it):
 #   job     must be equal on every rank of the group (software versions, modes, the user's choices)
 #   present must be equal on every rank that has it (an architecture plugin's version)
 #   device  follows from the GPU model: with mixed="allow" it is compared only among ranks with the same model
@@ -59,72 +62,91 @@ RECORD_BYTES: Final = _RECORD.size  # 128
 
 
 @final
-class Entry:
+class Entry(Record):
     """One compared key of one rank: its value as text, where it came from, and how widely it must agree."""
 
-    __slots__ = ("scope", "source", "value")
+    __slots__ = ("value", "source", "scope")
+
+    #: Canonical text of the value (booleans and strings as JSON writes them); the only part compared.
+    value: str
+    #: Provenance: the layer and plugin, env var or file that decided it. Shown, never compared.
+    source: str
+    #: One of ``_SCOPES``: how widely the key must agree.
+    scope: str
 
     def __init__(self, value: str, source: str, scope: str) -> None:
-        self.value: str = value  # canonical text; compared
-        self.source: str = source  # provenance (layer and plugin, env var, file); shown, never compared
-        self.scope: str = scope  # one of _SCOPES
-
-    def to_wire(self) -> tuple[str, str, str]:
-        return (self.value, self.source, self.scope)
-
-    def __repr__(self) -> str:
-        return f"Entry({self.value!r}, {self.source!r}, {self.scope!r})"
+        _set(self, "value", value)
+        _set(self, "source", source)
+        _set(self, "scope", scope)
 
 
 @final
-class RankSummary:
+class RankSummary(Record):
     """What one rank resolved: who it is (rank, host, device) and every compared key.
 
     Sent between ranks as plain data (:meth:`to_wire`), so ranks running different hwprofile
-    versions can still read each other's summaries and the difference shows as a key.
+    versions can still read each other's summaries, and the difference shows as a key.
     """
 
     __slots__ = (
-        "device_index", "device_name", "device_sm", "digest", "disabled", "entries", "fingerprint", "host", "local_rank", "plugin", "rank", "target",
+        "rank", "host", "local_rank", "device_index", "device_name", "device_sm", "plugin", "target", "fingerprint", "digest", "entries",
+        "disabled",
     )
+
+    #: Global rank.
+    rank: int
+    host: str
+    #: ``LOCAL_RANK`` if the launcher set it.
+    local_rank: int | None
+    #: CUDA index of the checked device, in that process's numbering.
+    device_index: int
+    device_name: str
+    device_sm: str
+    #: ``"sm90 (hwprofile-sm90 0.1.0)"``, or ``"none"``.
+    plugin: str
+    #: ``"sm_90a"``, or ``"-"``.
+    target: str
+    #: The profile's fingerprint.
+    fingerprint: str
+    #: Hex SHA-256 over the compared values and the fingerprint (:func:`entries_digest`).
+    digest: str
+    #: Every compared key.
+    entries: Mapping[str, Entry]
+    #: ``HWPROFILE_DISABLE_PLUGINS`` on that rank: explains an absent plugin.
+    disabled: tuple[str, ...]
 
     def __init__(
         self, *, rank: int, host: str, local_rank: int | None, device_index: int, device_name: str, device_sm: str, plugin: str,
         target: str, fingerprint: str, digest: str, entries: Mapping[str, Entry], disabled: tuple[str, ...] = (),
     ) -> None:
-        self.rank: int = rank  # global rank
-        self.host: str = host
-        self.local_rank: int | None = local_rank  # LOCAL_RANK, if the launcher set it
-        self.device_index: int = device_index  # CUDA index in that process's numbering
-        self.device_name: str = device_name
-        self.device_sm: str = device_sm
-        self.plugin: str = plugin  # "sm90 (hwprofile-sm90 0.1.0)" or "none"
-        self.target: str = target  # "sm_90a" or "-"
-        self.fingerprint: str = fingerprint  # the profile's fingerprint
-        self.digest: str = digest  # hex SHA-256 over the compared entries and the fingerprint
-        self.entries: Mapping[str, Entry] = entries
-        self.disabled: tuple[str, ...] = disabled  # HWPROFILE_DISABLE_PLUGINS on that rank: explains an absent plugin
+        _set(self, "rank", rank)
+        _set(self, "host", host)
+        _set(self, "local_rank", local_rank)
+        _set(self, "device_index", device_index)
+        _set(self, "device_name", device_name)
+        _set(self, "device_sm", device_sm)
+        _set(self, "plugin", plugin)
+        _set(self, "target", target)
+        _set(self, "fingerprint", fingerprint)
+        _set(self, "digest", digest)
+        _set(self, "entries", MappingProxyType(dict(entries)))
+        _set(self, "disabled", tuple(disabled))
 
     def to_wire(self) -> dict[str, Any]:
+        """Plain data (str, int, None, tuples, dicts) for ``all_gather_object``."""
         out: dict[str, Any] = {s: getattr(self, s) for s in self.__slots__ if s != "entries"}
-        out["entries"] = {k: e.to_wire() for k, e in self.entries.items()}
+        out["entries"] = {k: (e.value, e.source, e.scope) for k, e in self.entries.items()}
         return out
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> RankSummary:
         entries = {str(k): Entry(str(v[0]), str(v[1]), str(v[2])) for k, v in dict(d.get("entries", {})).items()}
+        local = d.get("local_rank")
         return cls(
-            rank=int(d["rank"]), host=str(d.get("host", "?")), local_rank=d.get("local_rank"), device_index=int(d.get("device_index", -1)),
-            device_name=str(d.get("device_name", "?")), device_sm=str(d.get("device_sm", "?")), plugin=str(d.get("plugin", "?")),
-            target=str(d.get("target", "?")), fingerprint=str(d.get("fingerprint", "?")), digest=str(d.get("digest", "")), entries=entries,
-            disabled=tuple(str(x) for x in d.get("disabled", ())),
-        )
-
-    def with_identity(self, rank: int, host: str, local_rank: int | None, device_index: int, fingerprint: str) -> RankSummary:
-        """This summary's keys under another rank's identity (valid only when their digests are equal)."""
-        return RankSummary(
-            rank=rank, host=host, local_rank=local_rank, device_index=device_index, device_name=self.device_name, device_sm=self.device_sm,
-            plugin=self.plugin, target=self.target, fingerprint=fingerprint, digest=self.digest, entries=self.entries, disabled=self.disabled,
+            rank=int(d["rank"]), host=str(d.get("host", "?")), local_rank=None if local is None else int(local),
+            device_index=int(d.get("device_index", -1)), device_name=str(d.get("device_name", "?")), device_sm=str(d.get("device_sm", "?")),
+            plugin=str(d.get("plugin", "?")), target=str(d.get("target", "?")), fingerprint=str(d.get("fingerprint", "?")),
+            digest=str(d.get("digest", "")), entries=entries, disabled=tuple(str(x) for x in d.get("disabled", ())),
         )
 
     @property
@@ -137,55 +159,77 @@ class RankSummary:
 
 
 @final
-class Holding:
+class Holding(Record):
     """One value of a differing key, with its provenance and the ranks (and hosts) that hold it."""
 
-    __slots__ = ("hosts", "ranks", "sources", "value")
+    __slots__ = ("value", "sources", "ranks", "hosts")
+
+    value: str
+    #: Distinct provenance texts among those ranks.
+    sources: tuple[str, ...]
+    ranks: tuple[int, ...]
+    #: Host -> its ranks holding this value.
+    hosts: Mapping[str, tuple[int, ...]]
 
     def __init__(self, value: str, sources: tuple[str, ...], ranks: tuple[int, ...], hosts: Mapping[str, tuple[int, ...]]) -> None:
-        self.value: str = value
-        self.sources: tuple[str, ...] = sources  # distinct provenance texts among those ranks
-        self.ranks: tuple[int, ...] = ranks
-        self.hosts: Mapping[str, tuple[int, ...]] = hosts  # host -> its ranks holding this value
-
-    def __repr__(self) -> str:
-        return f"Holding({self.value!r}, ranks={self.ranks})"
+        _set(self, "value", value)
+        _set(self, "sources", tuple(sources))
+        _set(self, "ranks", tuple(ranks))
+        _set(self, "hosts", MappingProxyType(dict(hosts)))
 
 
 @final
-class Difference:
+class Difference(Record):
     """A key whose value differs between ranks that must agree on it."""
 
-    __slots__ = ("holdings", "key", "scope")
+    __slots__ = ("key", "scope", "holdings")
+
+    key: str
+    scope: str
+    #: One per value, most-held first.
+    holdings: tuple[Holding, ...]
 
     def __init__(self, key: str, scope: str, holdings: tuple[Holding, ...]) -> None:
-        self.key: str = key
-        self.scope: str = scope
-        self.holdings: tuple[Holding, ...] = holdings  # most-held value first
+        _set(self, "key", key)
+        _set(self, "scope", scope)
+        _set(self, "holdings", tuple(holdings))
 
     def values(self) -> dict[str, tuple[int, ...]]:
         """value -> ranks holding it."""
         return {h.value: h.ranks for h in self.holdings}
 
-    def __repr__(self) -> str:
-        return f"Difference({self.key!r}, {self.values()})"
-
 
 @final
-class Agreement:
+class Agreement(Record):
     """Every rank of the group resolved the same profile (up to GPU models, with ``mixed="allow"``)."""
 
-    __slots__ = ("digest", "gathered", "mixed", "models", "ranks", "seconds")
+    __slots__ = ("ranks", "models", "mixed", "gathered", "seconds")
+
+    #: One summary per rank of the group, in group order.
+    ranks: tuple[RankSummary, ...]
+    #: (device name, sm) -> ranks; more than one only with ``mixed="allow"``.
+    models: Mapping[tuple[str, str], tuple[int, ...]]
+    mixed: str
+    #: Whether every rank's full summary was gathered (a mismatch, mixed models, or ``gather=True``);
+    #: otherwise the other ranks' keys are this rank's, which their equal digests prove.
+    gathered: bool
+    #: Wall time of the check on this rank.
+    seconds: float
 
     def __init__(
-        self, ranks: tuple[RankSummary, ...], models: Mapping[tuple[str, str], tuple[int, ...]], *, mixed: str, gathered: bool, seconds: float,
+        self, ranks: tuple[RankSummary, ...], models: Mapping[tuple[str, str], tuple[int, ...]], mixed: str, gathered: bool, seconds: float,
     ) -> None:
-        self.ranks: tuple[RankSummary, ...] = ranks  # one per rank of the group, in group order
-        self.models: Mapping[tuple[str, str], tuple[int, ...]] = models  # (device name, sm) -> ranks
-        self.mixed: str = mixed
-        self.gathered: bool = gathered  # full summaries were gathered (a mismatch, mixed models, or gather=True)
-        self.seconds: float = seconds  # wall time of the check on this rank
-        self.digest: str = ranks[0].digest if len({r.digest for r in ranks}) == 1 else ""  # "" when models differ
+        _set(self, "ranks", tuple(ranks))
+        _set(self, "models", MappingProxyType(dict(models)))
+        _set(self, "mixed", mixed)
+        _set(self, "gathered", gathered)
+        _set(self, "seconds", seconds)
+
+    @property
+    def digest(self) -> str:
+        """The common digest, or ``""`` when accepted models differ."""
+        digests = {r.digest for r in self.ranks}
+        return digests.pop() if len(digests) == 1 else ""
 
     @property
     def size(self) -> int:
@@ -206,7 +250,7 @@ class Agreement:
         return f"{head} on {r0.device_name} ({r0.device_sm}), plugin {r0.plugin}, fingerprint {r0.fingerprint} (digest {self.digest[:12]})"
 
     def table(self) -> str:
-        """Per-rank table: rank, host, local rank, device, plugin, target, fingerprint."""
+        """:meth:`describe`, then one row per rank: rank, host, local rank, device, model, plugin, target, fingerprint."""
         return self.describe() + "\n" + _table([_row_cells(r) for r in self.ranks], _HEADER)
 
     def as_dict(self) -> dict[str, Any]:
@@ -215,7 +259,7 @@ class Agreement:
             "mixed": self.mixed,
             "digest": self.digest,
             "models": [{"name": n, "sm": sm, "ranks": list(r)} for (n, sm), r in self.models.items()],
-            "ranks": [{k: v for k, v in r.to_wire().items() if k != "entries"} for r in self.ranks],
+            "ranks": [_row(r) for r in self.ranks],
             "seconds": self.seconds,
         }
 
@@ -490,7 +534,7 @@ def _message(diffs: Sequence[Difference], summaries: Sequence[RankSummary], mode
 
 # --- the collective ----------------------------------------------------------------------------------
 
-_calls: dict[str, int] = {}
+_calls: dict[str, int] = {}  # checks per group in this process: numbers the store keys of a failed wait
 
 
 def _check_mixed(mixed: str) -> None:
@@ -540,51 +584,39 @@ def check_agreement(
         )
     from .profiles import profile
 
-    if group is not None and dist.get_rank(group) < 0:
-        raise HwprofileError(f"check_agreement: rank {dist.get_rank()} is not a member of the group it was given; call it on the group's ranks only")
-    backend = str(dist.get_backend(group)).lower()
-    cuda = "nccl" in backend and "gloo" not in backend  # a combined "cpu:gloo,cuda:nccl" group gathers CPU tensors over gloo
+    ranks, me, cuda, tag = _group_info(dist, group)
     index = resolve_device(device, cuda_backend=cuda)
-    prof = profile(index)
-    entries, digest = _local(prof)
-    ranks = [int(r) for r in dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)]
-    me = int(dist.get_rank())
-    host = socket.gethostname()
-    local_rank = _local_rank()
-    mine = RankSummary(
-        rank=me, host=host, local_rank=local_rank, device_index=index, device_name=prof.device.name, device_sm=prof.device.sm,
-        plugin=prof.plugin.label if prof.plugin else "none", target=prof.target or "-", fingerprint=prof.fingerprint, digest=digest.hex(),
-        entries=entries, disabled=disabled_plugins(),
-    )
+    prep = _prepare(torch, tag, len(ranks), index, profile(index), me, cuda)
+    mine = prep.mine
     if len(ranks) == 1:
-        return Agreement((mine,), {mine.model: (me,)}, mixed=mixed, gathered=True, seconds=time.perf_counter() - t0)
+        return Agreement((mine,), {mine.model: (me,)}, mixed, gathered=True, seconds=time.perf_counter() - t0)
 
-    tensor_device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    record = _RECORD.pack(digest, bytes.fromhex(prof.fingerprint[:16].ljust(16, "0")), index, -1 if local_rank is None else local_rank, host.encode()[:84])
-    inp = torch.frombuffer(bytearray(record), dtype=torch.uint8).to(tensor_device)
-    out = torch.empty(len(ranks) * RECORD_BYTES, dtype=torch.uint8, device=tensor_device)
-    tag = _group_tag(group, ranks)
     seq = _calls[tag] = _calls.get(tag, 0) + 1
     gather_one = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     try:
-        work = gather_one(out, inp, group=group, async_op=True)
+        work = gather_one(prep.out, prep.inp, group=group, async_op=True)
         if wait_s is None:
             work.wait()
         else:
             work.wait(timedelta(seconds=wait_s))
-        host_out = out.cpu()  # NCCL: waits for the gather; gloo: the same tensor
+        host_out = prep.out.cpu()  # NCCL: waits for the gather; gloo: the same tensor
         raw = ctypes.string_at(host_out.data_ptr(), host_out.numel())  # contiguous uint8; no numpy needed, no per-byte loop
     except Exception as exc:  # a timeout or a peer that died: say which ranks were missing
         raise _missing_error(dist, tag, seq, me, ranks, wait_s, exc) from exc
 
+    if not gather and raw == prep.raw:  # the same answer as last time on this group: every rank agreed then
+        return Agreement(prep.summaries, {mine.model: ranks}, mixed, gathered=False, seconds=time.perf_counter() - t0)
     records = [_RECORD.unpack_from(raw, i * RECORD_BYTES) for i in range(len(ranks))]
-    digests = {r[0] for r in records}
-    if len(digests) == 1 and not gather:
-        summaries = tuple(
-            mine.with_identity(rank, r[4].rstrip(b"\0").decode(errors="replace"), None if r[3] < 0 else r[3], r[2], r[1].hex())
+    if len({r[0] for r in records}) == 1 and not gather:
+        prep.summaries = tuple(
+            mine.replace(
+                rank=rank, host=r[4].rstrip(b"\0").decode(errors="replace"), local_rank=None if r[3] < 0 else r[3], device_index=r[2],
+                fingerprint=r[1].hex(),
+            )
             for rank, r in zip(ranks, records, strict=True)
         )
-        return Agreement(summaries, {mine.model: tuple(ranks)}, mixed=mixed, gathered=False, seconds=time.perf_counter() - t0)
+        prep.raw = raw
+        return Agreement(prep.summaries, {mine.model: ranks}, mixed, gathered=False, seconds=time.perf_counter() - t0)
 
     wires: list[Any] = [None] * len(ranks)
     dist.all_gather_object(wires, mine.to_wire(), group=group)
@@ -593,7 +625,7 @@ def check_agreement(
     if diffs:
         msg = _message(diffs, summaries, models, mixed)
         raise AgreementError(msg, differences=tuple(diffs), ranks=summaries)
-    agreement = Agreement(summaries, models, mixed=mixed, gathered=True, seconds=time.perf_counter() - t0)
+    agreement = Agreement(summaries, models, mixed, gathered=True, seconds=time.perf_counter() - t0)
     if len(models) > 1 and me == ranks[0]:
         log.warning(
             "%s. Kernels and thresholds follow each model, so results differ between the models in the last bits; "
@@ -602,9 +634,65 @@ def check_agreement(
     return agreement
 
 
-def _group_tag(group: Any, ranks: Sequence[int]) -> str:
-    name = getattr(group, "group_name", None) if group is not None else "world"
-    return str(name or "ranks-" + "-".join(map(str, ranks)))
+_groups: dict[int, tuple[Any, tuple[int, ...], int, bool, str]] = {}
+
+
+def _group_info(dist: Any, group: Any) -> tuple[tuple[int, ...], int, bool, str]:
+    """(global ranks of the group, this rank, whether it gathers CUDA tensors, a name for store keys), cached per group object."""
+    pg = group if group is not None else dist.group.WORLD
+    hit = _groups.get(id(pg))
+    if hit is not None and hit[0] is pg:
+        return hit[1:]
+    if dist.get_rank(pg) < 0:
+        raise HwprofileError(f"check_agreement: rank {dist.get_rank()} is not a member of the group it was given; call it on the group's ranks only")
+    ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
+    backend = str(dist.get_backend(pg)).lower()
+    cuda = "nccl" in backend and "gloo" not in backend  # a combined "cpu:gloo,cuda:nccl" group gathers CPU tensors over gloo
+    name = getattr(pg, "group_name", None) if group is not None else "world"
+    tag = str(name or "ranks-" + "-".join(map(str, ranks)))
+    _groups[id(pg)] = (pg, ranks, int(dist.get_rank()), cuda, tag)  # holding pg keeps its id from being reused
+    return ranks, int(dist.get_rank()), cuda, tag
+
+
+class _Prepared:
+    """What repeated checks of one group and device reuse: this rank's summary, its record, the buffers."""
+
+    __slots__ = ("cuda_index", "disabled", "inp", "local_rank", "mine", "out", "prof", "raw", "summaries")
+
+    def __init__(self, prof: Any, mine: RankSummary, inp: Any, out: Any, cuda_index: int | None) -> None:
+        self.prof = prof  # the profile object summarised (a reset() makes a new one)
+        self.mine = mine
+        self.local_rank = mine.local_rank
+        self.disabled = mine.disabled
+        self.inp, self.out = inp, out  # the 128-byte record and the gather buffer, on the group's device
+        self.cuda_index = cuda_index
+        self.raw = b""  # the last gathered bytes that agreed, and their summaries
+        self.summaries: tuple[RankSummary, ...] = ()
+
+
+_prepared: dict[tuple[str, int], _Prepared] = {}
+
+
+def _prepare(torch: Any, tag: str, size: int, index: int, prof: Profile, me: int, cuda: bool) -> _Prepared:
+    """This rank's summary and record for ``prof``, built once per (group, device, profile, LOCAL_RANK, disable list)."""
+    local_rank, disabled = _local_rank(), disabled_plugins()
+    cuda_index = int(torch.cuda.current_device()) if cuda else None
+    prep = _prepared.get((tag, index))
+    if prep is not None and prep.prof is prof and (prep.local_rank, prep.disabled, prep.cuda_index) == (local_rank, disabled, cuda_index):
+        return prep
+    entries, digest = _local(prof)
+    host = socket.gethostname()
+    mine = RankSummary(
+        rank=me, host=host, local_rank=local_rank, device_index=index, device_name=prof.device.name, device_sm=prof.device.sm,
+        plugin=prof.plugin.label if prof.plugin else "none", target=prof.target or "-", fingerprint=prof.fingerprint, digest=digest.hex(),
+        entries=entries, disabled=disabled,
+    )
+    dev = torch.device("cuda", cuda_index) if cuda else torch.device("cpu")
+    record = _RECORD.pack(digest, bytes.fromhex(prof.fingerprint[:16].ljust(16, "0")), index, -1 if local_rank is None else local_rank, host.encode()[:84])
+    inp = torch.frombuffer(bytearray(record), dtype=torch.uint8).to(dev)
+    out = torch.empty(size * RECORD_BYTES, dtype=torch.uint8, device=dev)
+    prep = _prepared[(tag, index)] = _Prepared(prof, mine, inp, out, cuda_index)
+    return prep
 
 
 def _missing_error(dist: Any, tag: str, seq: int, me: int, ranks: Sequence[int], wait_s: float | None, exc: BaseException) -> AgreementError:
