@@ -81,7 +81,7 @@ def test_user_env_override_on_one_rank_is_named_with_its_variable(same: hd.RankS
     diffs, _ = hd.compare([same, summary(1), odd])
     assert keys(diffs) == [ROUTER]
     (d,) = diffs
-    assert d.values() == {"8": (0, 1), "4": (2,)} and d.scope == "job"
+    assert d.values() == {"8": (0, 1), "4": (2,)} and d.scope == "present"
     assert "HWPROFILE_ROUTER_GEMM_MAX_TOKENS" in d.holdings[1].sources[0] and "myengine-hwprofile" in d.holdings[0].sources[0]
     assert dict(d.holdings[1].hosts) == {"node-b": (2,)}
     msg = hd._message(diffs, [same, odd], {("NVIDIA H200", "sm_90"): (0, 2)}, "error")
@@ -162,6 +162,14 @@ def test_mixed_models_error_and_allow() -> None:
     ranks[3] = summary(3, {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}, sim="gb300")
     diffs, _ = hd.compare(ranks, "allow")
     assert keys(diffs) == [ROUTER] and diffs[0].values() == {"8": (0, 1, 2), "4": (3,)}
+    # the same user choice on every rank agrees, also where another model's plugin does not know the key
+    env = {"TORCH_CUDA_ARCH_LIST": "9.0a;10.3a", "HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}
+    same_choice = [summary(r, env, sim=m) for r, m in enumerate(("h200", "h200", "gb300", "gb300"))]
+    assert same_choice[0].entries["env.TORCH_CUDA_ARCH_LIST"].scope == "present"
+    only_sm90 = hd.Entry('"1"', "set by the user (default '0' from hwprofile-sm90 0.1.0 not applied)", "present")
+    same_choice[:2] = [s.replace(entries={**s.entries, "env.SM90_ONLY": only_sm90}) for s in same_choice[:2]]
+    assert hd.compare(same_choice, "allow")[0] == []
+    assert keys(hd.compare(same_choice, "error")[0])[:2] == ["device.capability", "device.name"]
     # ... and a model-dependent key that differs inside one model is caught, naming only that model's ranks
     ranks[3] = summary(3, {"HWPROFILE_DISABLE_PLUGINS": "sm100"}, sim="gb300")
     plugin = next(d for d in hd.compare(ranks, "allow")[0] if d.key == "plugin")

@@ -50,7 +50,7 @@ MIXED_CHOICES: Final = ("error", "allow")
 
 # Scopes of a compared key (_SCOPES lists them weakest first; a key takes the strictest scope any rank gives it):
 #   job     must be equal on every rank of the group (software versions, modes, the user's choices)
-#   present must be equal on every rank that has it (an architecture plugin's version)
+#   present must be equal on every rank that has it (an architecture plugin's version, a value the user set)
 #   device  follows from the GPU model: with mixed="allow" it is compared only among ranks with the same model
 #   model   the GPU model itself (name, capability): with mixed="allow" it may differ
 _SCOPES: Final = ("model", "device", "present", "job")
@@ -339,12 +339,14 @@ def profile_entries(prof: Profile, environ: Mapping[str, str] | None = None) -> 
             out[f"plugin.{part.name}"] = Entry(ident, f"architecture plugin selected for {d.sm}", "present")
         else:
             out[f"plugin.{part.name}"] = Entry(ident, "downstream plugin (takes part in every profile)", "job")
+    # A value the user chose (an env var) is the user's choice for every rank, whatever its GPU model: it must agree on
+    # every rank that has the key ("present": a key only another model's plugin declares is absent there, not different).
     for key, s in prof.settings.items():
-        scope = "job" if key in _JOB_SETTINGS or s.winner.kind == "env" else "device"
+        scope = "job" if key in _JOB_SETTINGS else "present" if s.winner.kind == "env" else "device"
         out[f"setting.{key}"] = Entry(_text(s.value), _setting_source(s), scope)
     for name, e in prof.env_defaults.items():
         if e.user_set:
-            out[f"env.{name}"] = Entry(_text(e.user_value), f"set by the user (default {e.value!r} from {e.source} not applied)", "job")
+            out[f"env.{name}"] = Entry(_text(e.user_value), f"set by the user (default {e.value!r} from {e.source} not applied)", "present")
         else:
             out[f"env.{name}"] = Entry(_text(e.value), f"env default from {e.source}", "device")
     for op, spec in prof.kernels.items():
@@ -386,6 +388,9 @@ def _local_rank() -> int | None:
     return int(v) if v.lstrip("-").isdigit() else None
 
 
+_warned_devices: set[tuple[int, int]] = set()
+
+
 def resolve_device(device: int | None, *, cuda_backend: bool) -> int:
     """The CUDA index (this process's numbering) whose profile this rank checks.
 
@@ -401,7 +406,8 @@ def resolve_device(device: int | None, *, cuda_backend: bool) -> int:
     torch = sys.modules.get("torch")
     if torch is not None and (cuda_backend or torch.cuda.is_initialized()):
         current = int(torch.cuda.current_device())
-        if local is not None and local != current and torch.cuda.device_count() > 1:
+        if local is not None and local != current and torch.cuda.device_count() > 1 and (local, current) not in _warned_devices:
+            _warned_devices.add((local, current))
             log.warning(
                 "hwprofile: this rank (LOCAL_RANK=%d) checks CUDA device %d, torch's current device, among %d visible; "
                 "if every rank of this host uses device %d, call torch.cuda.set_device(local_rank) before check_agreement",
