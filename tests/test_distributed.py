@@ -235,3 +235,37 @@ def test_local_device_follows_local_rank(monkeypatch: pytest.MonkeyPatch) -> Non
         hd.resolve_device(None, cuda_backend=False)
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")  # one visible device (a per-rank CUDA_VISIBLE_DEVICES): device 0
     assert hd.resolve_device(None, cuda_backend=False) == 0
+
+
+class _FakeCuda:
+    def __init__(self, current: int, count: int) -> None:
+        self.current, self.count = current, count
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return self.current
+
+    def device_count(self) -> int:
+        return self.count
+
+
+class _FakeTorch:
+    def __init__(self, current: int, count: int) -> None:
+        self.cuda = _FakeCuda(current, count)
+
+
+def test_cuda_ranks_check_their_current_device(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """With CUDA in use the current device wins; a rank left on device 0 of an 8-GPU host is warned, once."""
+    monkeypatch.setattr(hd, "_warned_devices", set())
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(3, 8))
+    with caplog.at_level("WARNING", logger="hwprofile.distributed"):
+        assert hd.resolve_device(None, cuda_backend=True) == 3
+        assert not caplog.records
+        monkeypatch.setitem(sys.modules, "torch", _FakeTorch(0, 8))
+        assert hd.resolve_device(None, cuda_backend=True) == 0
+        assert hd.resolve_device(None, cuda_backend=False) == 0  # CUDA initialised: the current device, too
+    (rec,) = caplog.records
+    assert "LOCAL_RANK=3" in rec.getMessage() and "torch.cuda.set_device(local_rank)" in rec.getMessage()

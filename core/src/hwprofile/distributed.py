@@ -813,6 +813,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
     if backend == "nccl":
+        if not torch.cuda.is_available():
+            print(f"hwprofile.distributed: rank {rank}: error: --backend nccl needs a GPU that torch can use; use --backend gloo", file=sys.stderr)
+            return 2
         local = _local_rank() or 0
         torch.cuda.set_device(local % torch.cuda.device_count())
     timeout = timedelta(seconds=max(args.timeout, 1.0) + 30)
