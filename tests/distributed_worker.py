@@ -29,11 +29,11 @@ BASE = dict(os.environ)
 
 
 def fake_newer_downstream() -> dict[str, str]:
-    """A site directory where myengine-hwprofile claims version 0.4.0 (the same module): a node upgraded alone."""
+    """A site directory where myengine-hwprofile claims version 99.0 (the same module): a node upgraded alone."""
     d = OUT / f"site-{RANK}"
-    info = d / "myengine_hwprofile-0.4.0.dist-info"
+    info = d / "myengine_hwprofile-99.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myengine-hwprofile\nVersion: 0.4.0\n\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myengine-hwprofile\nVersion: 99.0\n\n")
     (info / "entry_points.txt").write_text("[hwprofile.plugins]\nmyengine = myengine_hwprofile\n")
     sys.path.insert(0, str(d))
     return {}

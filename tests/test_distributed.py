@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ dist = pytest.importorskip("torch.distributed")
 from hwprofile import distributed as hd  # noqa: E402 - after the skips: the module needs torch at call time only
 
 ROUTER = "setting.router_gemm.max_tokens"
+ENGINE = "myengine-hwprofile " + metadata.version("myengine-hwprofile")  # the example downstream plugin as installed
 
 
 def environment(sim: str, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -107,7 +109,7 @@ def test_blocked_plugin_names_the_variable(same: hd.RankSummary) -> None:
     diffs, _ = hd.compare([same, odd])
     assert "plugin.myengine" in keys(diffs) and ROUTER in keys(diffs)
     d = next(d for d in diffs if d.key == "plugin.myengine")
-    assert d.values() == {"myengine-hwprofile 0.3.0": (0,), "(absent)": (1,)}
+    assert d.values() == {ENGINE: (0,), "(absent)": (1,)}
     assert "HWPROFILE_DISABLE_PLUGINS=myengine" in d.holdings[1].sources[0]
 
 
@@ -144,10 +146,10 @@ def test_stale_tuned_file_is_shown_as_ignored(same: hd.RankSummary, tmp_path: Pa
 def test_plugin_version_difference(same: hd.RankSummary) -> None:
     wire = same.to_wire()
     wire["rank"] = 1
-    wire["entries"]["plugin.myengine"] = ("myengine-hwprofile 0.4.0", "downstream plugin (takes part in every profile)", "job")
+    wire["entries"]["plugin.myengine"] = ("myengine-hwprofile 99.0", "downstream plugin (takes part in every profile)", "job")
     odd = hd.RankSummary.from_wire(wire)
     diffs, _ = hd.compare([same, odd], "allow")
-    assert keys(diffs) == ["plugin.myengine"] and diffs[0].values() == {"myengine-hwprofile 0.3.0": (0,), "myengine-hwprofile 0.4.0": (1,)}
+    assert keys(diffs) == ["plugin.myengine"] and diffs[0].values() == {ENGINE: (0,), "myengine-hwprofile 99.0": (1,)}
 
 
 def test_mixed_models_error_and_allow() -> None:
@@ -269,3 +271,27 @@ def test_cuda_ranks_check_their_current_device(monkeypatch: pytest.MonkeyPatch, 
         assert hd.resolve_device(None, cuda_backend=False) == 0  # CUDA initialised: the current device, too
     (rec,) = caplog.records
     assert "LOCAL_RANK=3" in rec.getMessage() and "torch.cuda.set_device(local_rank)" in rec.getMessage()
+
+
+def test_bringup_main_single_rank_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bring-up command's own code, in this process, as a one-rank torchrun job would run it."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("HWPROFILE_DEVICE", "gb300")
+    hwprofile.reset()
+    assert hd.main(["--backend", "gloo", "--json", "--timeout", "30"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["agree"] and doc["models"] == [{"name": "NVIDIA GB300", "sm": "sm_103", "ranks": [0]}]
+    assert doc["ranks"][0]["plugin"].startswith("sm100 (hwprofile-sm100 ") and not dist.is_initialized()
+    # again, in the same process: a new process group and a new profile, nothing stale from the first run
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    assert hd.main(["--backend", "gloo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["models"][0]["name"] == "NVIDIA H200"
+    assert all(ref() is None for ref, *_ in hd._groups.values())  # no process group kept alive after destroy_process_group

@@ -31,6 +31,7 @@ import socket
 import struct
 import sys
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
@@ -590,9 +591,9 @@ def check_agreement(
         )
     from .profiles import profile
 
-    ranks, me, cuda, tag = _group_info(dist, group)
+    pg, ranks, me, cuda, tag = _group_info(dist, group)
     index = resolve_device(device, cuda_backend=cuda)
-    prep = _prepare(torch, tag, len(ranks), index, profile(index), me, cuda)
+    prep = _prepare(torch, pg, tag, len(ranks), index, profile(index), me, cuda)
     mine = prep.mine
     if len(ranks) == 1:
         return Agreement((mine,), {mine.model: (me,)}, mixed, gathered=True, seconds=time.perf_counter() - t0)
@@ -640,15 +641,17 @@ def check_agreement(
     return agreement
 
 
+# Weak references only: holding a process group here would keep it alive past destroy_process_group(), into
+# interpreter shutdown, where tearing gloo down aborts the process ("terminate called without an active exception").
 _groups: dict[int, tuple[Any, tuple[int, ...], int, bool, str]] = {}
 
 
-def _group_info(dist: Any, group: Any) -> tuple[tuple[int, ...], int, bool, str]:
-    """(global ranks of the group, this rank, whether it gathers CUDA tensors, a name for store keys), cached per group object."""
+def _group_info(dist: Any, group: Any) -> tuple[Any, tuple[int, ...], int, bool, str]:
+    """(the group, its global ranks, this rank, whether it gathers CUDA tensors, a name for store keys), cached per group object."""
     pg = group if group is not None else dist.group.WORLD
     hit = _groups.get(id(pg))
-    if hit is not None and hit[0] is pg:
-        return hit[1:]
+    if hit is not None and hit[0]() is pg:
+        return pg, hit[1], hit[2], hit[3], hit[4]
     if dist.get_rank(pg) < 0:
         raise HwprofileError(f"check_agreement: rank {dist.get_rank()} is not a member of the group it was given; call it on the group's ranks only")
     ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
@@ -656,16 +659,17 @@ def _group_info(dist: Any, group: Any) -> tuple[tuple[int, ...], int, bool, str]
     cuda = "nccl" in backend and "gloo" not in backend  # a combined "cpu:gloo,cuda:nccl" group gathers CPU tensors over gloo
     name = getattr(pg, "group_name", None) if group is not None else "world"
     tag = str(name or "ranks-" + "-".join(map(str, ranks)))
-    _groups[id(pg)] = (pg, ranks, int(dist.get_rank()), cuda, tag)  # holding pg keeps its id from being reused
-    return ranks, int(dist.get_rank()), cuda, tag
+    _groups[id(pg)] = (weakref.ref(pg), ranks, int(dist.get_rank()), cuda, tag)
+    return pg, ranks, int(dist.get_rank()), cuda, tag
 
 
 class _Prepared:
     """What repeated checks of one group and device reuse: this rank's summary, its record, the buffers."""
 
-    __slots__ = ("cuda_index", "disabled", "inp", "local_rank", "mine", "out", "prof", "raw", "summaries")
+    __slots__ = ("cuda_index", "disabled", "group", "inp", "local_rank", "mine", "out", "prof", "raw", "summaries")
 
-    def __init__(self, prof: Any, mine: RankSummary, inp: Any, out: Any, cuda_index: int | None) -> None:
+    def __init__(self, group: Any, prof: Any, mine: RankSummary, inp: Any, out: Any, cuda_index: int | None) -> None:
+        self.group = weakref.ref(group)  # the process group this was built for (a re-initialised world is another)
         self.prof = prof  # the profile object summarised (a reset() makes a new one)
         self.mine = mine
         self.local_rank = mine.local_rank
@@ -679,12 +683,13 @@ class _Prepared:
 _prepared: dict[tuple[str, int], _Prepared] = {}
 
 
-def _prepare(torch: Any, tag: str, size: int, index: int, prof: Profile, me: int, cuda: bool) -> _Prepared:
+def _prepare(torch: Any, pg: Any, tag: str, size: int, index: int, prof: Profile, me: int, cuda: bool) -> _Prepared:
     """This rank's summary and record for ``prof``, built once per (group, device, profile, LOCAL_RANK, disable list)."""
     local_rank, disabled = _local_rank(), disabled_plugins()
     cuda_index = int(torch.cuda.current_device()) if cuda else None
     prep = _prepared.get((tag, index))
-    if prep is not None and prep.prof is prof and (prep.local_rank, prep.disabled, prep.cuda_index) == (local_rank, disabled, cuda_index):
+    same = prep is not None and prep.group() is pg and prep.prof is prof
+    if prep is not None and same and (prep.local_rank, prep.disabled, prep.cuda_index) == (local_rank, disabled, cuda_index):
         return prep
     entries, digest = _local(prof)
     host = socket.gethostname()
@@ -697,7 +702,7 @@ def _prepare(torch: Any, tag: str, size: int, index: int, prof: Profile, me: int
     record = _RECORD.pack(digest, bytes.fromhex(prof.fingerprint[:16].ljust(16, "0")), index, -1 if local_rank is None else local_rank, host.encode()[:84])
     inp = torch.frombuffer(bytearray(record), dtype=torch.uint8).to(dev)
     out = torch.empty(size * RECORD_BYTES, dtype=torch.uint8, device=dev)
-    prep = _prepared[(tag, index)] = _Prepared(prof, mine, inp, out, cuda_index)
+    prep = _prepared[(tag, index)] = _Prepared(pg, prof, mine, inp, out, cuda_index)
     return prep
 
 
@@ -820,10 +825,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.cuda.set_device(local % torch.cuda.device_count())
     timeout = timedelta(seconds=max(args.timeout, 1.0) + 30)
     dist.init_process_group(backend, timeout=timeout)
+    together = True  # every rank reached the end of the check: they can leave together
     try:
         try:
             agreement = check_agreement(mixed=args.mixed, timeout=args.timeout, gather=True)
         except AgreementError as exc:
+            together = bool(exc.differences)
             if rank == 0 or not exc.differences:  # every rank knows the differences; a missing rank is seen by each waiting one
                 if args.json:
                     print(json_dumps({"agree": False, "error": str(exc), "ranks": [_row(r) for r in exc.ranks]}))
@@ -833,16 +840,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(str(exc), file=sys.stderr)
             return 1
         except HwprofileError as exc:
+            together = False
             print(f"hwprofile.distributed: rank {rank}: error: {exc}", file=sys.stderr)
             return 2
         if rank == 0:
             print(json_dumps(agreement.as_dict()) if args.json else agreement.table())
         return 0
     finally:
-        try:
+        sys.stdout.flush()
+        if together:
+            # A rank that tears gloo down while a peer is still using its connections can make the peer abort
+            # ("terminate called without an active exception"): leave together.
+            dist.barrier()
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a group broken by a missing rank cannot always be torn down cleanly
-            pass
 
 
 _HEADER: Final[list[str]] = ["rank", "host", "local", "device", "model", "plugin", "target", "fingerprint"]
