@@ -50,7 +50,7 @@ log = get_logger(__name__)
 MIXED_CHOICES: Final = ("error", "allow")
 
 # Scopes of a compared key (_SCOPES lists them weakest first; a key takes the strictest scope any rank gives it):
-#   job     must be equal on every rank of the group (software versions, modes, the user's choices)
+#   job     must be equal on every rank of the group (software versions, deterministic/strict, downstream plugins)
 #   present must be equal on every rank that has it (an architecture plugin's version, a value the user set)
 #   device  follows from the GPU model: with mixed="allow" it is compared only among ranks with the same model
 #   model   the GPU model itself (name, capability): with mixed="allow" it may differ
@@ -444,7 +444,7 @@ def compare(summaries: Sequence[RankSummary], mixed: str = "error") -> tuple[lis
     diffs: list[Difference] = []
     for key in keys:
         present = [s.entries[key].scope for s in summaries if key in s.entries]
-        scope = max(present, key=_SCOPES.index)
+        scope = max(present, key=_strictness)
         if scope == "present":
             groups = [[s for s in summaries if key in s.entries]]
         elif mixed == "allow" and scope in ("model", "device"):
@@ -462,6 +462,11 @@ def compare(summaries: Sequence[RankSummary], mixed: str = "error") -> tuple[lis
             if d is not None:
                 diffs.append(d)
     return diffs, {m: tuple(r) for m, r in models.items()}
+
+
+def _strictness(scope: str) -> int:
+    """Position in _SCOPES; a scope this version does not know (another hwprofile on that rank) counts as job."""
+    return _SCOPES.index(scope) if scope in _SCOPES else len(_SCOPES)
 
 
 _ORDER: Final = ("hwprofile", "torch", "nvrtc", "device.", "plugin", "setting.", "env.", "kernel.")
