@@ -14,10 +14,13 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._record import Record, _set, final
 from .errors import SettingError
+
+if TYPE_CHECKING:
+    from .stamps import Stamp
 
 #: A setting's type, as declared.
 SettingType = Literal["bool", "int", "float", "str", "enum"]
@@ -162,9 +165,9 @@ class Value(Record):
     #: Why this value (for a threshold: what it was measured against); shown by ``hwprofile explain``.
     reason: str
     #: What a measured value was measured against (a ``Stamp``), or ``None``.
-    stamp: Any
+    stamp: Stamp | None
 
-    def __init__(self, value: Any, reason: str = "", stamp: Any = None) -> None:
+    def __init__(self, value: Any, reason: str = "", stamp: Stamp | None = None) -> None:
         _set(self, "value", value)
         _set(self, "reason", reason)
         _set(self, "stamp", stamp)
@@ -206,14 +209,14 @@ class Layer(Record):
     value: Any
     reason: str
     #: What the value was measured against, or ``None``.
-    stamp: Any
+    stamp: Stamp | None
     #: What changed since it was measured, in words; ``""`` when nothing did (or it was not measured).
     stale: str
     #: ``False`` for a recorded value that does not win (a stale tuned value).
     applied: bool
 
     def __init__(
-        self, kind: LayerKind, source: str, value: Any, reason: str = "", stamp: Any = None, stale: str = "", applied: bool = True
+        self, kind: LayerKind, source: str, value: Any, reason: str = "", stamp: Stamp | None = None, stale: str = "", applied: bool = True
     ) -> None:
         _set(self, "kind", kind)
         _set(self, "source", source)
@@ -396,7 +399,7 @@ class SettingsResolver:
 
     def add(
         self, kind: LayerKind, source: str, values: Mapping[str, Any] | None, *, who: str,
-        check: Callable[[str, Any], str] | None = None, stamp: Any = None, drop_stale: bool = False,
+        check: Callable[[str, Stamp], str] | None = None, stamp: Stamp | None = None, drop_stale: bool = False,
     ) -> None:
         """Add one layer; ``who`` names the supplier in errors (plugin label, file path).
 
