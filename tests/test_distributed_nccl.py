@@ -1,7 +1,7 @@
 """check_agreement over NCCL on two real GPUs: agreement, a forced disagreement, and the bring-up command.
 
-Needs two GPUs that torch can use; skips otherwise (CI, one-GPU machines). Not run yet: the
-two-GPU machine was not available when this was written (benchmarks/RESULTS.md says so).
+Needs two GPUs that torch can use; skips otherwise (CI, one-GPU machines). Ran on two H200s
+(benchmarks/RESULTS.md has the run).
 """
 
 from __future__ import annotations
