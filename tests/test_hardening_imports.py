@@ -45,3 +45,8 @@ def test_no_import_circle_runs_through_the_kernel_pipeline() -> None:
 def test_hookspecs_and_kernelspec_import_no_compile_machinery() -> None:
     assert not module_imports("hookspecs") & {"jit", "toolchain", "kcache", "launch"}
     assert not module_imports("kernelspec") & {"jit", "toolchain", "kcache", "launch", "registry"}
+
+
+def test_errors_imports_no_hwprofile_module() -> None:
+    """Every module imports errors: one import there, even for the type checker, closes a circle with all."""
+    assert not module_imports("errors")

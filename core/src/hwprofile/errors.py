@@ -1,9 +1,14 @@
 """Exceptions a user can hit. Each message says what went wrong, where, and what to do.
 
+Never imports another hwprofile module, not even for the type checker: every module imports this
+one, so any import here would put it in an import circle with all of them.
+
 PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class HwprofileError(Exception):
@@ -36,3 +41,23 @@ class ToolchainError(KernelError):
 
 class CacheError(KernelError):
     """The kernel cache cannot be used (a shared, foreign or unusable directory, a bad HWPROFILE_CACHE)."""
+
+
+class AgreementError(HwprofileError):
+    """The ranks of a torch.distributed group resolved different profiles, or not all of them took part.
+
+    Raised on every rank that called :func:`hwprofile.distributed.check_agreement`. ``differences``
+    names each differing key with the values, provenance and ranks holding them; ``missing`` lists
+    the ranks that had not called it when a timeout or a failed collective ended the wait; ``ranks``
+    holds the per-rank summaries when they were gathered (for a table).
+    """
+
+    def __init__(
+        self, message: str, *, differences: tuple[Any, ...] = (), missing: tuple[int, ...] = (), ranks: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        #: :class:`hwprofile.distributed.Difference` objects (typed ``Any`` here: this module imports nothing).
+        self.differences: tuple[Any, ...] = differences
+        self.missing: tuple[int, ...] = missing
+        #: :class:`hwprofile.distributed.RankSummary` objects.
+        self.ranks: tuple[Any, ...] = ranks
