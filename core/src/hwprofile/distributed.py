@@ -37,7 +37,7 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from . import __version__
+from . import __version__, _state
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import AgreementError, HwprofileError
@@ -709,6 +709,17 @@ def _prepare(torch: Any, pg: Any, tag: str, size: int, index: int, prof: Profile
     out = torch.empty(size * RECORD_BYTES, dtype=torch.uint8, device=dev)
     prep = _prepared[(tag, index)] = _Prepared(pg, prof, mine, inp, out, cuda_index)
     return prep
+
+
+@_state.on_reset
+def _forget_profiles() -> None:
+    """After ``hwprofile.reset()``: drop the summaries and gather buffers built for the old profiles.
+
+    ``_calls`` stays: it numbers store keys, which must stay in step with the other ranks.
+    """
+    _local_cache.clear()
+    _prepared.clear()
+    _warned_devices.clear()
 
 
 def _missing_error(dist: Any, tag: str, seq: int, me: int, ranks: Sequence[int], wait_s: float | None, exc: BaseException) -> AgreementError:
