@@ -14,7 +14,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ._record import Record, _set, final
 from .errors import SettingError
@@ -318,55 +318,18 @@ class ResolvedEnvDefault(Record):
 
 # --- core declarations ---------------------------------------------------------------------------
 
-_GEMV_DOC = "bf16 GEMV kernel (M = 1)"
-_FP8_DOC = "FP8 e4m3 GEMV kernel (M = 1)"
 
+def _op_settings() -> tuple[Setting, ...]:
+    """The ops' settings, declared once in the op table (``hwprofile.optable``)."""
+    from .optable import setting_declarations
 
-def _gemv_bounds(op: str, what: str) -> list[Setting]:
-    return [
-        Setting(f"{op}.min_k", "int", 512, f"smallest K the {what} takes", minimum=1, maximum=1 << 20),
-        Setting(f"{op}.max_k", "int", 17408, f"largest K the {what} takes (x is staged in shared memory)", minimum=1, maximum=1 << 20),
-        Setting(f"{op}.k_multiple", "int", 512, f"K must be a multiple of this for the {what}", minimum=1, maximum=1 << 16),
-        Setting(f"{op}.n_multiple", "int", 8, f"N must be a multiple of this for the {what}", minimum=1, maximum=1 << 16),
-        Setting(f"{op}.min_n", "int", 64, f"smallest N the {what} takes", minimum=1, maximum=1 << 24),
-        Setting(f"{op}.max_n", "int", 65536, f"largest N the {what} takes", minimum=1, maximum=1 << 24),
-        Setting(
-            f"{op}.cublas_roof_n_min", "int", 12288,
-            f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used", minimum=0, maximum=1 << 24,
-        ),
-        Setting(
-            f"{op}.cublas_roof_n_max", "int", 32768,
-            "up to this N (exclusive) the fallback is near the bandwidth roof; equal to the min to disable the gap",
-            minimum=0, maximum=1 << 24,
-        ),
-    ]
+    return tuple(Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations())
 
 
 CORE_SETTINGS: tuple[Setting, ...] = (
     Setting("deterministic", "bool", False, "keep every op on its torch fallback (deterministic-inference mode)"),
     Setting("strict", "bool", False, "raise instead of warning and falling back when a kernel fails or a tuned value is stale"),
-    Setting(
-        "router_gemm.max_tokens", "int", 16,
-        "largest M the JIT router GEMM is dispatched for; measured against the fp32-output cuBLAS fallback",
-        minimum=0, maximum=16,
-    ),
-    Setting(
-        "linear_bf16_fp32.max_tokens", "int", 0,
-        "largest M for which linear_bf16_fp32 uses the plugin's small-M kernel instead of cuBLAS (0: never)",
-        minimum=0, maximum=16,
-    ),
-    Setting(
-        "linear_bf16_fp32.max_n", "int", 1 << 24,
-        "largest N for which linear_bf16_fp32 uses the small-M kernel (wider layers stay on cuBLAS)",
-        minimum=0, maximum=1 << 24,
-    ),
-    Setting(
-        "gemv.split_k", "bool", False,
-        "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)",
-        bit_identical=False,
-    ),
-    *_gemv_bounds("gemv", _GEMV_DOC),
-    *_gemv_bounds("fp8_gemv", _FP8_DOC),
+    *_op_settings(),
 )
 
 

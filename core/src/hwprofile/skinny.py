@@ -15,9 +15,11 @@ from __future__ import annotations
 from functools import partial
 from typing import NamedTuple
 
+from . import optable
 from .kernelspec import KernelSpec, Launch
-
-NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
+from .optable import NO_SCALE as NO_SCALE  # re-exported for plugins
+from .optable import ROW_SCALE as ROW_SCALE
+from .optable import TENSOR_SCALE as TENSOR_SCALE
 
 
 class ArchTuning(NamedTuple):
@@ -94,14 +96,16 @@ def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ..
     instances cover the canonical shapes with split-K on and off.
     """
     kinds = {
-        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16", ROUTER_SHAPES, False, "float", (NO_SCALE,)),
-        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)], False, "float", (NO_SCALE,)),
-        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES], False, "bf16", (NO_SCALE,)),
-        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES], True, "bf16", (TENSOR_SCALE, ROW_SCALE)),
+        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16", ROUTER_SHAPES),
+        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)]),
+        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES]),
+        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES]),
     }
     specs = []
     for op in ops:
-        doc, shapes, fp8, out, scales = kinds[op]
+        doc, shapes = kinds[op]
+        d = optable.get(op)  # dtypes and scale modes: declared once, in the op table
+        fp8, out, scales = d.scaled, d.kernel_out, d.scale_modes
         exprs = {
             plan(t, m=m, n=n, k=k, fp8=fp8, out=out, scale=sc, split_k=sk).name_expression
             for m, n, k in shapes

@@ -17,14 +17,10 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from .device import DeviceInfo
+from .optable import OPS
 from .registry import installed_version
 
-FALLBACK_FUNCTION = {
-    "router_gemm": "torch.mm(out_dtype=torch.float32)",
-    "linear_bf16_fp32": "torch.mm(out_dtype=torch.float32)",
-    "gemv": "torch.nn.functional.linear",
-    "fp8_gemv": "dequantise + torch.nn.functional.linear",
-}
+FALLBACK_FUNCTION = {name: op.fallback for name, op in OPS.items()}  # declared once, in the op table
 _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 
 

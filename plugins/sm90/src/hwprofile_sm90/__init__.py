@@ -35,7 +35,8 @@ _LIBS = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
 ROUTER = Stamp("router_gemm", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 LINEAR = Stamp("linear_bf16_fp32", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 GEMV = Stamp("gemv", fallback={"function": "torch.nn.functional.linear", **_LIBS}, **_H200)
-FP8 = Stamp("fp8_gemv", fallback={"function": "dequantise + torch.nn.functional.linear", **_LIBS}, **_H200)
+# re-swept against the chunked, fp32-accumulating FP8 fallback (benchmarks/h200/ops_sweeps/fp8_gemv.toml, same kernel)
+FP8 = Stamp("fp8_gemv", fallback={"function": "chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", **_LIBS}, **_H200)
 
 
 @hookimpl
@@ -43,9 +44,17 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
     return {
         # sweep: kernel 2.69-3.18 us (N=256) / 2.87-3.54 us (N=384) vs cuBLAS 6.4-7.8 us at every M = 1..16.
         "router_gemm.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 384", ROUTER),
+        # dispatch only where the sweep measured: N = 256..384, K = 7168 (DeepSeek-V3 / Kimi-K2 routers)
+        "router_gemm.min_n": Value(256, "smallest N the sweep measured", ROUTER),
+        "router_gemm.max_n": Value(384, "largest N the sweep measured", ROUTER),
+        "router_gemm.min_k": Value(7168, "the sweep measured K = 7168 only", ROUTER),
+        "router_gemm.max_k": Value(7168, "the sweep measured K = 7168 only", ROUTER),
         # sweep: N=256 2.7-3.2 vs 6.4-7.5 us; N=4096 17.1-18.6 vs 20.1-21.2 us: the kernel wins at every M.
         "linear_bf16_fp32.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 4096", LINEAR),
+        "linear_bf16_fp32.min_n": Value(256, "narrowest N swept", LINEAR),
         "linear_bf16_fp32.max_n": Value(4096, "widest N swept", LINEAR),
+        "linear_bf16_fp32.min_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
+        "linear_bf16_fp32.max_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
         "gemv.split_k": Value(True, "small N leaves most of the 132 SMs idle without split-K over a cluster; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
         # sweep over N x K: the largest all-winning box is N <= 4096, K <= 7168 (1.03-1.20x); the
         # kernel also wins at N = 7168-12288 for K = 2048-7168 (not a box), ties or loses from K = 16384
@@ -54,9 +63,11 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
         "gemv.max_k": Value(7168, "largest all-winning box of the sweep: K <= 7168", GEMV),
         "gemv.cublas_roof_n_min": Value(0, "no gap: the box already leaves cuBLAS's near-roof range to cuBLAS", GEMV),
         "gemv.cublas_roof_n_max": Value(0, "no gap", GEMV),
-        # FP8: the fallback dequantises the whole weight every call; the kernel won 8-30x at every
-        # swept shape, N up to 152064 and K up to 7168 (the sweep grid's widest K).
+        # FP8: against the chunked fallback (bf16 dequantise per 32 MB, fp32 product, scale) the kernel
+        # won 5-16x at every swept shape: N = 2048..152064, K = 2048..7168; dispatched only there.
+        "fp8_gemv.min_n": Value(2048, "smallest N the sweep measured", FP8),
         "fp8_gemv.max_n": Value(152064, "every swept N won", FP8),
+        "fp8_gemv.min_k": Value(2048, "smallest K the sweep measured", FP8),
         "fp8_gemv.max_k": Value(7168, "every swept K won; K = 7168 is the widest swept", FP8),
         "fp8_gemv.cublas_roof_n_min": Value(0, "no near-roof fallback for FP8 at M = 1"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from hwprofile import optable
 from hwprofile.plugin import ArchTuning, KernelSpec, Launch
-from hwprofile.skinny import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES, ROW_SCALE, TENSOR_SCALE
+from hwprofile.skinny import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES
 from hwprofile.skinny import plan as shared_plan
 
 SOURCE = "kernels/sm90_gemv.cu"
@@ -105,16 +106,15 @@ def _configure(kind: str, fp8: bool, *, m: int, n: int, k: int, split_k: bool, s
 def kernel_specs(package: str) -> list[KernelSpec]:
     """The four op kernels for sm_90a, with the canonical shapes' instances pre-built by ``hwprofile compile``."""
     kinds = {
-        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16 (PDL, cluster split-K)", ROUTER_SHAPES, "router", False,
-                        (NO_SCALE,)),
-        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)], "router",
-                             False, (NO_SCALE,)),
-        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES], "gemv", False, (NO_SCALE,)),
-        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES], "gemv", True,
-                     (TENSOR_SCALE, ROW_SCALE)),
+        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16 (PDL, cluster split-K)", ROUTER_SHAPES, "router"),
+        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)], "router"),
+        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES], "gemv"),
+        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES], "gemv"),
     }
     specs = []
-    for op, (doc, shapes, kind, fp8, scales) in kinds.items():
+    for op, (doc, shapes, kind) in kinds.items():
+        d = optable.get(op)  # dtypes and scale modes: declared once, in hwprofile's op table
+        fp8, scales = d.scaled, d.scale_modes
         exprs = {_configure(kind, fp8, m=m, n=n, k=k, split_k=sk, scale=sc).name_expression
                  for m, n, k in shapes for sc in scales for sk in (True, False)}
         specs.append(KernelSpec(op, package, SOURCE, tuple(sorted(exprs)), partial(_configure, kind, fp8), doc=doc))
