@@ -41,7 +41,17 @@ def no_downstream(monkeypatch: pytest.MonkeyPatch) -> None:
     hwprofile.reset()
 
 
-def tuned_toml(dev: object, thresholds: dict[str, object], /, *, plugin: str = "arch", version: str = "1.0", kernel: str = "", op: str = "router_gemm", **stamp_changes: object) -> str:
+def tuned_toml(
+    dev: object,
+    thresholds: dict[str, object],
+    /,
+    *,
+    plugin: str = "arch",
+    version: str = "1.0",
+    kernel: str = "",
+    op: str = "router_gemm",
+    **stamp_changes: object,
+) -> str:
     """A tuned-thresholds file whose stamp matches ``dev`` and the running fallback, unless changed."""
     import tomli_w
 
@@ -50,7 +60,7 @@ def tuned_toml(dev: object, thresholds: dict[str, object], /, *, plugin: str = "
     st = stamps.current(op, dev, plugin, version, kernel, "2026-11-30").as_dict()
     for k, v in stamp_changes.items():
         if k.startswith("fallback_"):
-            st["fallback"][k[len("fallback_"):]] = v
+            st["fallback"][k[len("fallback_") :]] = v
         else:
             st[k] = v
     return tomli_w.dumps({"stamp": st, "thresholds": thresholds})

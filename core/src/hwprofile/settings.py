@@ -323,7 +323,9 @@ def _op_settings() -> tuple[Setting, ...]:
     """The ops' settings, declared once in the op table (``hwprofile.optable``)."""
     from .optable import setting_declarations
 
-    return tuple(Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations())
+    return tuple(
+        Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations()
+    )
 
 
 CORE_SETTINGS: tuple[Setting, ...] = (
@@ -361,8 +363,15 @@ class SettingsResolver:
         return {k: next(x for x in reversed(c) if x.applied).value for k, c in self.chains.items()}
 
     def add(
-        self, kind: LayerKind, source: str, values: Mapping[str, Any] | None, *, who: str,
-        check: Callable[[str, Stamp], str] | None = None, stamp: Stamp | None = None, drop_stale: bool = False,
+        self,
+        kind: LayerKind,
+        source: str,
+        values: Mapping[str, Any] | None,
+        *,
+        who: str,
+        check: Callable[[str, Stamp], str] | None = None,
+        stamp: Stamp | None = None,
+        drop_stale: bool = False,
     ) -> None:
         """Add one layer; ``who`` names the supplier in errors (plugin label, file path).
 
@@ -396,9 +405,7 @@ class SettingsResolver:
         return {k: ResolvedSetting(self.declared[k], tuple(c)) for k, c in sorted(self.chains.items())}
 
 
-def apply_env_defaults(
-    defaults: Mapping[str, ResolvedEnvDefault], environ: MutableMapping[str, str] | None = None
-) -> dict[str, str]:
+def apply_env_defaults(defaults: Mapping[str, ResolvedEnvDefault], environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Write each default the user has not set into ``environ``; return exactly what was written."""
     env = os.environ if environ is None else environ
     written: dict[str, str] = {}
