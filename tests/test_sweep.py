@@ -95,7 +95,7 @@ def test_tuned_file_for_other_gpu_is_stale_not_a_crash(h200: hwprofile.Profile, 
     reg = Registry(env).load_entry_points()
     spark = hwprofile.detect(env).devices[0]
     r = build_profile(spark, reg, env).explain("router_gemm.max_tokens")
-    assert r.winner.kind != "tuned" and "device capability" in r.chain[-1].stale
+    assert r.winner.kind != "tuned" and "compute capability 9.0" in r.chain[-1].stale
 
 
 def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:

@@ -255,7 +255,7 @@ def _ints(text: str | None) -> list[int] | None:
 def cmd_sweep(args: argparse.Namespace) -> int:
 
     from . import sweep
-    from .profiles import tuned_dir
+    from .tuning import tuned_dir
 
     prof = _profile(args)
     if prof.device.simulated:

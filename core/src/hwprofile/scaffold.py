@@ -65,7 +65,7 @@ def hwprofile_declare_settings() -> list[Setting]:
 
 @hookimpl
 def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    # Each value says why; a measured threshold would also carry a hwprofile.stamps.Stamp.
+    # Each value says why; a measured threshold would also carry a hwprofile.tuning.Stamp.
     return {{
         f"{{NAME}}.example_flag": Value(True, "why this architecture wants the flag on"),
         "router_gemm.max_tokens": Value(0, "no router GEMM kernel for this architecture yet"),

@@ -127,7 +127,7 @@ class Setting(_SettingFields):
 class Value(NamedTuple):
     """A setting value with the reason it was chosen and, for a measured threshold, its stamp.
 
-    ``stamp`` (a :class:`hwprofile.stamps.Stamp`) records what the value was measured against; the
+    ``stamp`` (a :class:`hwprofile.tuning.Stamp`) records what the value was measured against; the
     profile compares it with what is running and reports the value as stale when that changed.
     """
 

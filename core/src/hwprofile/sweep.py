@@ -232,7 +232,7 @@ def default_grid(op: str) -> list[tuple[int, int, int]]:
 def run(prof: Any, op: str, grid: Sequence[tuple[int, int, int]], timer: Timer, ties: str = "fallback",
         progress: Callable[[int, int, str], None] | None = None, date: str | None = None) -> dict[str, Any]:
     """Measure every grid point, choose thresholds, and return the stamped tuned-file document."""
-    from . import stamps
+    from . import tuning as stamps
 
     points = []
     for i, (m, n, k) in enumerate(grid):

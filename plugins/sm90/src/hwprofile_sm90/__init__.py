@@ -11,7 +11,7 @@ from typing import Any
 
 from hwprofile import ArchSpec, EnvDefault, Value, hookimpl
 from hwprofile.skinny import ArchTuning, kernel_specs
-from hwprofile.stamps import Stamp
+from hwprofile.tuning import Stamp
 
 NAME = "sm90"
 TUNING = ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, max_cluster=8)
