@@ -7,8 +7,6 @@ writes no environment variable. Everything below is loaded on first use.
     prof = hwprofile.profile()           # device 0 (or torch's current device)
     prof["router_gemm.max_tokens"]       # 16, with provenance in prof.explain(...)
     prof.apply_env()                     # writes only env defaults the user did not set
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

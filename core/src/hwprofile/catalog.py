@@ -4,8 +4,6 @@ Values are the vendors' published specifications (memory as NVML reports it wher
 feed everything that is decided from device facts, so CI can exercise an architecture's code paths
 on a CPU-only machine: ``HWPROFILE_DEVICE=rtx-pro-6000`` behaves like that card for selection,
 settings and kernel compilation (not for running kernels).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

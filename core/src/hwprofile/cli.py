@@ -1,8 +1,6 @@
 """``hwprofile`` command line: show | plugins | explain | env | doctor | compile | cache.
 
 Library code logs; this module prints. A user error prints one line and exits 2, no traceback.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -286,7 +284,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
     out = args.output or tuned_dir(prof.device, os.environ) / f"{args.op}.toml"
-    sweep.write(doc, out)
+    samples = sweep.write(doc, out)
+    if samples is not None:
+        print(f"wrote {samples} (raw measurements)")
     print(f"wrote {out} (stamped against {doc['stamp']['fallback']['function']}, torch {doc['stamp']['fallback']['torch']}, cuBLAS {doc['stamp']['fallback']['cublas']})")
     if args.plot:
         sweep.plot(doc, args.plot)

@@ -1,7 +1,4 @@
-"""Environment checks behind ``hwprofile doctor``: what is missing, in plain words, and the fix.
-
-PYTEST_DONT_REWRITE
-"""
+"""Environment checks behind ``hwprofile doctor``: what is missing, in plain words, and the fix."""
 
 from __future__ import annotations
 

@@ -9,8 +9,6 @@ Two kinds of plugin implement these hooks:
 
 Every hook is called once per plugin, so each value is attributed to the distribution that
 supplied it. A hook that raises is reported with the plugin's name, distribution and version.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

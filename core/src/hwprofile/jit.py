@@ -13,8 +13,6 @@
   to ``torch.cuda.current_stream()`` of the tensor's device, so CUDA graph capture records them.
 
 CUDA (cuda-python) and torch are imported only when a kernel is compiled or launched.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ Dispatch is decided from a per-device table built once from the profile (thresho
 bounds, available kernels), so a decision is a few comparisons. ``HWPROFILE_DETERMINISTIC=1``
 keeps every op on its fallback. A kernel that fails to build or load warns once and the op falls
 back (``HWPROFILE_STRICT=1`` raises instead).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

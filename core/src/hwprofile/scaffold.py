@@ -3,8 +3,6 @@
 The generated package is the one ``docs/writing-a-plugin.md`` walks through (a test keeps the two
 identical): pyproject with the entry point, hook implementations, a sample kernel shipped as
 package data, and a test that passes as generated once the package is installed.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

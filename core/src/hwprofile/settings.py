@@ -4,8 +4,6 @@ Layers, lowest to highest: core default < architecture plugin < downstream plugi
 < tuned-thresholds file < the user's explicit ``HWPROFILE_*`` variable. A variable that is present
 counts as set, even ``"0"`` or ``""``. Nothing here touches ``os.environ`` except
 :func:`apply_env_defaults`, which only fills variables the user left unset.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ portable cluster) in an :class:`ArchTuning` and get the four op kernels (router 
 linear, bf16 GEMV, FP8 GEMV) as :class:`~hwprofile.jit.KernelSpec` objects whose ``configure``
 picks tile sizes and the split-K factor for a shape. The kernel source each plugin ships includes
 the shared header and checks its constants against the SM's limits at compile time.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
