@@ -22,6 +22,7 @@ _LAZY = {
     "Profile": "profiles",
     "detect": "device",
     "DeviceInfo": "device",
+    "CatalogEntry": "catalog",
     "ArchSpec": "registry",
     "PluginInfo": "registry",
     "Setting": "settings",
@@ -37,7 +38,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "ArchSpec", "DeviceError", "DeviceInfo", "EnvDefault", "HwprofileError", "KernelError", "KernelSpec", "Launch",
+    "ArchSpec", "CatalogEntry", "DeviceError", "DeviceInfo", "EnvDefault", "HwprofileError", "KernelError", "KernelSpec", "Launch",
     "PluginError", "PluginInfo", "Profile", "Setting", "SettingError", "Value", "__version__", "detect", "hookimpl",
     "profile", "reset",
 ]
@@ -55,6 +56,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from .catalog import CatalogEntry
     from .device import DeviceInfo, detect
     from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
     from .hookspecs import hookimpl

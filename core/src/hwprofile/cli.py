@@ -302,7 +302,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
-    print(f"next: pip install {directory} && pytest {directory / 'tests'} && hwprofile compile --arch {target}")
+    print(scaffold.hint(directory, target))
     return 0
 
 

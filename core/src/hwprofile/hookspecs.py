@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from .catalog import CatalogEntry
     from .device import DeviceInfo
     from .jit import KernelSpec
     from .registry import ArchSpec
@@ -81,4 +82,26 @@ def hwprofile_kernels(device: DeviceInfo, target: str) -> Iterable[KernelSpec] |
     ``target`` is the selected architecture plugin's NVRTC target for the device (``"sm_90a"``);
     it is also passed when ``hwprofile compile --arch`` pre-builds kernels with no GPU present.
     A kernel with the same op name from a higher-priority plugin replaces a lower one.
+    """
+
+
+@hookspec
+def hwprofile_catalog() -> Mapping[str, CatalogEntry] | None:
+    """Contribute simulated devices: catalog name -> :class:`~hwprofile.CatalogEntry`.
+
+    Lets CI exercise a GPU generation that hwprofile's built-in catalog does not know, by name
+    (``HWPROFILE_DEVICE=jetson-thor``, ``hwprofile show --simulate jetson-thor``,
+    ``--hwprofile-device=jetson-thor``), with its real SM count, shared memory and memory. An
+    architecture plugin typically contributes one entry per GPU it serves; any plugin may
+    implement it.
+
+    :return: a mapping of lower-case names (letters, digits, ``-``) to entries, or ``None``.
+
+    **When it is called:** only when a simulated-device name is neither built in nor a generic
+    capability (``sm_110``, ``11.0``, which need no plugin), and by ``hwprofile devices``; once per
+    plugin per lookup, so it must be pure and cheap (return module-level constants).
+
+    **Errors:** a name that is built in, generic, malformed or contributed by two plugins, a value
+    that is not a ``CatalogEntry``, or a raise inside the hook is a :class:`~hwprofile.PluginError`
+    naming the plugin's distribution and version.
     """
