@@ -105,10 +105,11 @@ def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_sweep_cli_refuses_simulated_device(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_cli_refuses_simulated_device(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from hwprofile.cli import main
 
-    assert main(["sweep", "router_gemm", "--simulate", "h200"]) == 2
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    assert main(["sweep", "router_gemm"]) == 2
     assert "simulated" in capsys.readouterr().err
 
 
