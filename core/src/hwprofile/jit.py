@@ -117,7 +117,7 @@ def include_dirs() -> tuple[str, ...]:
 def check_toolchain() -> None:
     """Raise one :class:`ToolchainError` saying what is missing (NVRTC, matching headers), or return."""
     nvrtc_version()
-    cudart, problem = cuda_headers()
+    _, problem = cuda_headers()
     if problem:
         raise ToolchainError(problem)
 
