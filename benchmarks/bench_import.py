@@ -2,14 +2,23 @@
 
 The snippets are run interleaved (A, B, C, A, B, C, ...) so that drift of the machine affects all
 of them alike; each row is the median of the in-process times. Usage:
-PYTHONPATH=core/src:plugins/sm90/src:plugins/sm100/src:plugins/sm120/src python benchmarks/bench_import.py [runs]
+PYTHONPATH=core/src:plugins/sm90/src:plugins/sm100/src:plugins/sm120/src python benchmarks/bench_import.py [runs] [--cpu] [--tuned]
+
+``--cpu``: no GPU needed (a clean venv on any machine): ``import hwprofile`` alone, after
+``import torch``, and the first ``profile(0)`` of a simulated H200. ``--tuned``: the first-profile
+snippets run with a config dir holding the four H200 sweep files (``benchmarks/h200/sweeps``, old
+format: raw samples inline) in the device's tuned directory, beside the same snippets without them.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 SNIPPETS = {
     "import hwprofile": "import hwprofile",
@@ -24,17 +33,68 @@ SNIPPETS = {
 }
 
 
-def once(code: str, setup: str = "") -> float:
+CPU_SNIPPETS = {
+    "import hwprofile": "import hwprofile",
+    "[torch imported] import hwprofile": "import hwprofile",
+    "[simulated h200] import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
+    "[torch imported, simulated h200] import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
+}
+
+
+def once(code: str, setup: str = "", env: dict[str, str] | None = None) -> float:
     """Milliseconds ``code`` takes in a fresh interpreter, after ``setup`` (not timed)."""
-    p = subprocess.run([sys.executable, "-c", f"import time; {setup}; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"], capture_output=True, text=True, check=True)
+    p = subprocess.run(
+        [sys.executable, "-c", f"import time; {setup}; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"],
+        capture_output=True, text=True, check=True, env=env,
+    )
     return float(p.stdout.strip().splitlines()[-1]) * 1000
 
 
-def main(runs: int) -> None:
+def tuned_config(device_dir: str) -> str:
+    """A config dir whose tuned directory for ``device_dir`` holds the H200 sweep files."""
+    d = tempfile.mkdtemp(prefix="hwp-bench-config-")
+    target = Path(d) / "tuned" / device_dir
+    target.mkdir(parents=True)
+    for f in (Path(__file__).parent / "h200" / "sweeps").glob("*.toml"):
+        shutil.copy(f, target / f.name)
+    return d
+
+
+def cpu_main(runs: int, tuned: bool) -> None:
+    """The snippets that need no GPU, interleaved; with ``tuned``, each profile snippet also with tuned files."""
+    empty = tempfile.mkdtemp(prefix="hwp-bench-empty-")
+    variants = [("", {**os.environ, "HWPROFILE_CONFIG_DIR": empty})]
+    if tuned:
+        variants.append((" [4 tuned files]", {**os.environ, "HWPROFILE_CONFIG_DIR": tuned_config("nvidia-h200-sm-90")}))
+    rows: dict[str, tuple[str, str, dict[str, str]]] = {}
+    for name, code in CPU_SNIPPETS.items():
+        for suffix, env in variants:
+            if suffix and "profile(0)" not in code:
+                continue
+            e = {**env, "HWPROFILE_DEVICE": "h200"} if "simulated" in name else env
+            rows[name + suffix] = (code, "import torch" if "torch imported" in name else "pass", e)
+    samples: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(runs):
+        for name, (code, setup, env) in rows.items():
+            samples[name].append(once(code, setup, env))
+    for name, xs in samples.items():
+        q = statistics.quantiles(xs, n=4)
+        print(f"{name:<78} median {statistics.median(xs):7.2f} ms  quartiles {q[0]:6.2f} / {q[2]:6.2f}  min {min(xs):6.2f} (n={runs})")
+
+
+def main(runs: int, tuned: bool = False) -> None:
     samples: dict[str, list[float]] = {name: [] for name in SNIPPETS}
+    env = None
+    if tuned:  # the device's tuned directory, named as hwprofile.tuning.tuned_dir names it
+        import hwprofile
+        from hwprofile import tuning
+
+        d = tuning.tuned_dir(hwprofile.detect().device(0), {"HWPROFILE_CONFIG_DIR": "/"}).name
+        env = {**os.environ, "HWPROFILE_CONFIG_DIR": tuned_config(d)}
+        print(f"tuned files present: {d}")
     for _ in range(runs):
         for name, code in SNIPPETS.items():
-            samples[name].append(once(code, "import pynvml" if name.startswith("[pynvml imported]") else "pass"))
+            samples[name].append(once(code, "import pynvml" if name.startswith("[pynvml imported]") else "pass", env))
     for name, xs in samples.items():
         q = statistics.quantiles(xs, n=4)
         print(f"{name:<58} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  min {min(xs):6.1f} (n={runs}, interleaved)")
@@ -54,4 +114,9 @@ def main(runs: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 25)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n = int(args[0]) if args else 25
+    if "--cpu" in sys.argv:
+        cpu_main(n, "--tuned" in sys.argv)
+    else:
+        main(n, "--tuned" in sys.argv)
