@@ -127,11 +127,12 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
         out.append(Check("devices", "INFO" if det.simulated else "OK", names + (" [simulated by HWPROFILE_DEVICE]" if det.simulated else "")))
     else:
         out.append(Check("devices", "INFO", f"no NVIDIA GPU ({det.reason}); compile-only use and simulation still work"))
-    try:
-        import cuda.bindings
+    from .registry import installed_version
 
-        out.append(Check("cuda-python", "OK", f"cuda-bindings {cuda.bindings.__version__}"))
-    except ImportError:
+    bindings = installed_version("cuda-bindings")
+    if bindings is not None:
+        out.append(Check("cuda-python", "OK", f"cuda-bindings {bindings}"))
+    else:
         out.append(Check("cuda-python", "FAIL", "cuda-bindings is not installed", "pip install 'hwprofile[cu13]' (CUDA 13 driver, 580+) or 'hwprofile[cu12]'"))
         return out
     if nv is None:

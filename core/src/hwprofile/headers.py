@@ -45,8 +45,8 @@ def candidates(found_by_pathfinder: str | None) -> list[str]:
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
             out.append(os.path.join(os.environ[var], "include"))
-    seen: set[str] = set()
-    return [d for d in out if not (d in seen or seen.add(d)) and os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
+    unique = list(dict.fromkeys(out))
+    return [d for d in unique if os.path.isfile(os.path.join(d, "cuda_runtime_api.h"))]
 
 
 def choose(nvrtc_major: int | None, dirs: Iterable[str]) -> tuple[str | None, str | None]:

@@ -383,4 +383,8 @@ def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: St
         stamp, thresholds = read_tuned(p)
         where = f"tuned file {p}"
         what = staleness.tuned_file(where, stamp)
-        resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=lambda key, st, what=what: what, drop_stale=True)
+
+        def check(key: str, st: Any, what: str = what) -> str:
+            return what
+
+        resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=check, drop_stale=True)
