@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hwprofile import device
+from hwprofile import _first_profile, device
 from hwprofile.catalog import CATALOG, lookup
 from hwprofile.device import DeviceInfo, _Raw, apply_visible_devices, order_devices
 from hwprofile.errors import DeviceError
@@ -278,13 +278,13 @@ def test_error_inside_the_probe_thread_reaches_the_caller(monkeypatch: pytest.Mo
 
 def test_simulated_or_cached_detection_starts_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
-    pending = device.detect_in_background()
+    pending = _first_profile.detect_in_background()
     assert _probe_threads() == [] and pending.result().devices[0].name == "NVIDIA H200"
     pending.close()
     fake = ThreadRecordingNVML(GPUS)
     _real_gpu_env(monkeypatch, fake)
     device.detect()
-    device.detect_in_background().result()
+    _first_profile.detect_in_background().result()
     assert fake.init_threads == ["MainThread"]
 
 
@@ -304,7 +304,7 @@ def test_devices_are_ready_before_nvml_shuts_down(monkeypatch: pytest.MonkeyPatc
 
     fake = SlowShutdown(GPUS[:1])
     _real_gpu_env(monkeypatch, fake)
-    pending = device.detect_in_background()
+    pending = _first_profile.detect_in_background()
     assert pending.result().devices[0].uuid == "GPU-aaaa" and "shutdown" not in fake.calls  # the teardown still waits
     fake.release.set()
     pending.close()
@@ -313,7 +313,7 @@ def test_devices_are_ready_before_nvml_shuts_down(monkeypatch: pytest.MonkeyPatc
     failing = SlowShutdown(GPUS[:1], fail=True)
     _real_gpu_env(monkeypatch, failing)
     failing.release.set()
-    pending = device.detect_in_background()
+    pending = _first_profile.detect_in_background()
     assert pending.result().devices[0].name == "NVIDIA RTX PRO 4000"
     with caplog.at_level("WARNING", logger="hwprofile.device"):
         pending.close()

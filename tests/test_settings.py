@@ -210,7 +210,7 @@ def test_shipped_threshold_stamp_is_reported_when_fallback_changed(caplog: pytes
         def hwprofile_settings(self, device: DeviceInfo, resolved: dict[str, object]) -> dict[str, object]:
             return {KEY: Value(12, "measured", stamp=old)}
 
-    real = H200._replace(simulated=False)  # library versions count only on a real GPU
+    real = H200.replace(simulated=False)  # library versions count only on a real GPU
     r = build_profile(real, _registry({}, ("arch", Stamped())), {}).explain(KEY)
     assert r.value == 12 and "fallback torch 0.0 ->" in r.winner.stale  # reported, still used
     assert "hwprofile sweep OP (ops: router_gemm)" in caplog.text and "router_gemm.max_tokens" in caplog.text

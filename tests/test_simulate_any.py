@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 import hwprofile
-from hwprofile import CatalogEntry, catalog, headers, hookimpl
+from hwprofile import catalog, headers, hookimpl
 from hwprofile.device import DeviceInfo, simulated_detection
 from hwprofile.errors import DeviceError, PluginError
+from hwprofile.plugin import CatalogEntry
 from hwprofile.registry import Registry
 
 pytest_plugins = ["pytester"]
@@ -73,7 +74,7 @@ def test_builtin_and_generic_names_need_no_plugin(monkeypatch: pytest.MonkeyPatc
         ({"h200": _Thor.ENTRY}, "built into hwprofile"),
         ({"sm_110": _Thor.ENTRY}, "generic and built in"),
         ({"Bad Name!": _Thor.ENTRY}, "is invalid"),
-        ({"thor2": ("NVIDIA Thor", (11, 0))}, "must be a hwprofile.CatalogEntry"),
+        ({"thor2": ("NVIDIA Thor", (11, 0))}, "must be a hwprofile.plugin.CatalogEntry"),
         ([("thor", _Thor.ENTRY)], "must return a dict"),
     ],
 )
@@ -114,7 +115,7 @@ def test_hookspec_documents_when_and_errors() -> None:
     from hwprofile import hookspecs
 
     doc = hookspecs.hwprofile_catalog.__doc__ or ""
-    assert "When it is called" in doc and "Errors" in doc and ":return:" in doc
+    assert "When it is called" in doc and "Errors" in doc and ":returns:" in doc
 
 
 # --- the pytest plugin --------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_same_capability_other_card_is_a_note_not_a_warning(fresh_warning: None,
 
 def test_simulated_device_never_stale_for_library_versions(fresh_warning: None, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
-    prof = build_profile(H200._replace(simulated=True), _reg(stamp(kernel="", fallback_torch="0.9.0")), {})
+    prof = build_profile(H200.replace(simulated=True), _reg(stamp(kernel="", fallback_torch="0.9.0")), {})
     assert prof.explain(KEY).winner.stale == "" and not caplog.records
 
 

@@ -4,48 +4,77 @@
 writes no environment variable. Everything below is loaded on first use.
 
     import hwprofile
-    prof = hwprofile.profile()           # device 0 (or torch's current device)
-    prof["router_gemm.max_tokens"]       # 16, with provenance in prof.explain(...)
-    prof.apply_env()                     # writes only env defaults the user did not set
+    prof = hwprofile.profile()                        # device 0 (or torch's current device)
+    prof.get("router_gemm.max_tokens", int)           # 16, type-checked; provenance in prof.explain(...)
+    prof.apply_env()                                  # writes only env defaults the user did not set
+
+Plugin authors import from :mod:`hwprofile.plugin`.
 """
 
-# No ``from __future__`` and no ``typing`` at run time: each is a module import (typing pulls in re,
-# collections, contextlib...: 5-18 ms in a clean venv) that ``import hwprofile`` does not need.
-# Type checkers treat any name TYPE_CHECKING as true.
+# Every public name is loaded on first access, not here: engines import hwprofile at start-up, and
+# its first profile() overlaps plugin loading with NVML's start (hwprofile._first_profile), which only
+# works if importing hwprofile loaded nothing yet (import 0.3 ms; benchmarks/RESULTS.md). So this
+# module imports nothing at run time, ``typing`` included; the TYPE_CHECKING block below gives type
+# checkers the same names, and tests/test_public_api.py keeps the three lists in step.
 TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .device import DeviceInfo, detect
+    from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
+    from .hookspecs import hookimpl
+    from .kernelspec import KernelSpec, Launch
+    from .profiles import Profile, profile, reset
+    from .registry import ArchSpec, PluginInfo
+    from .settings import EnvDefault, ResolvedSetting, Setting, Value
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "ArchSpec",
+    "DeviceError",
+    "DeviceInfo",
+    "EnvDefault",
+    "HwprofileError",
+    "KernelError",
+    "KernelSpec",
+    "Launch",
+    "PluginError",
+    "PluginInfo",
+    "Profile",
+    "ResolvedSetting",
+    "Setting",
+    "SettingError",
+    "Value",
+    "__version__",
+    "detect",
+    "hookimpl",
+    "profile",
+    "reset",
+]
+
 _LAZY = {
+    "ArchSpec": "registry",
+    "DeviceError": "errors",
+    "DeviceInfo": "device",
+    "EnvDefault": "settings",
+    "HwprofileError": "errors",
+    "KernelError": "errors",
+    "KernelSpec": "kernelspec",
+    "Launch": "kernelspec",
+    "PluginError": "errors",
+    "PluginInfo": "registry",
+    "Profile": "profiles",
+    "ResolvedSetting": "settings",
+    "Setting": "settings",
+    "SettingError": "errors",
+    "Value": "settings",
+    "detect": "device",
     "hookimpl": "hookspecs",
     "profile": "profiles",
     "reset": "profiles",
-    "Profile": "profiles",
-    "detect": "device",
-    "DeviceInfo": "device",
-    "CatalogEntry": "catalog",
-    "ArchSpec": "registry",
-    "PluginInfo": "registry",
-    "Setting": "settings",
-    "Value": "settings",
-    "EnvDefault": "settings",
-    "KernelSpec": "kernelspec",
-    "Launch": "kernelspec",
-    "HwprofileError": "errors",
-    "PluginError": "errors",
-    "SettingError": "errors",
-    "DeviceError": "errors",
-    "KernelError": "errors",
 }
 
-__all__ = [
-    "ArchSpec", "CatalogEntry", "DeviceError", "DeviceInfo", "EnvDefault", "HwprofileError", "KernelError", "KernelSpec", "Launch",
-    "PluginError", "PluginInfo", "Profile", "Setting", "SettingError", "Value", "__version__", "detect", "hookimpl",
-    "profile", "reset",
-]
 
-
-def __getattr__(name: str) -> "Any":
+def __getattr__(name: str) -> object:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'hwprofile' has no attribute {name!r}")
@@ -54,16 +83,3 @@ def __getattr__(name: str) -> "Any":
     value = getattr(importlib.import_module(f".{mod}", __name__), name)
     globals()[name] = value
     return value
-
-
-if TYPE_CHECKING:
-    from typing import Any
-
-    from .catalog import CatalogEntry
-    from .device import DeviceInfo, detect
-    from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
-    from .hookspecs import hookimpl
-    from .kernelspec import KernelSpec, Launch
-    from .profiles import Profile, profile, reset
-    from .registry import ArchSpec, PluginInfo
-    from .settings import EnvDefault, Setting, Value

@@ -19,7 +19,10 @@ from .errors import HwprofileError, ToolchainError
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
+
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
@@ -174,7 +177,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def version_text() -> str:
     """``hwprofile --version``: core, then every plugin, from package metadata (no plugin is imported)."""
     from . import __version__
-    from .registry import ENTRY_POINT_GROUP, find_entry_points
+    from ._entrypoints import find_entry_points
+    from .registry import ENTRY_POINT_GROUP
 
     lines = [f"hwprofile {__version__} (Python {sys.version.split()[0]})"]
     for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -277,7 +281,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             dev = DeviceInfo(0, f"compile-only {target}", cc, simulated=True)
             specs = reg._call_plugin("hwprofile_kernels", p, device=dev, target=target) or []
             for spec in specs:
-                work.append((spec._replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
+                work.append((spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
     if wanted:
         known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
         missing = wanted - known

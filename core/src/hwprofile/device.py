@@ -11,40 +11,100 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
+from . import _state
 from ._log import get_logger
+from ._record import Record, _set, final
 from .errors import DeviceError
 
 log = get_logger(__name__)
+_T = TypeVar("_T")
 
 SIMULATE_ENV = "HWPROFILE_DEVICE"
 
 
-class DriverAttributes(NamedTuple):
+@final
+class DriverAttributes(Record):
     """Facts read from the CUDA driver (or the catalog, for a simulated device); ``None`` if unknown."""
 
-    sm_count: int | None = None
-    max_shared_memory_per_block_optin: int | None = None
-    l2_cache_bytes: int | None = None
+    __slots__ = ("sm_count", "max_shared_memory_per_block_optin", "l2_cache_bytes")
+
+    sm_count: int | None
+    #: Shared memory one block can opt in to, in bytes.
+    max_shared_memory_per_block_optin: int | None
+    l2_cache_bytes: int | None
+
+    def __init__(
+        self, sm_count: int | None = None, max_shared_memory_per_block_optin: int | None = None, l2_cache_bytes: int | None = None
+    ) -> None:
+        _set(self, "sm_count", sm_count)
+        _set(self, "max_shared_memory_per_block_optin", max_shared_memory_per_block_optin)
+        _set(self, "l2_cache_bytes", l2_cache_bytes)
 
 
-class DeviceInfo(NamedTuple):
-    """One visible GPU, numbered as CUDA (and torch) number it in this process."""
+@final
+class DeviceInfo(Record):
+    """One visible GPU, numbered as CUDA (and torch) number it in this process; may be simulated.
 
+    Facts NVML did not report (or a simulated device's catalog entry lacks) are ``None``.
+    """
+
+    __slots__ = (
+        "index", "name", "compute_capability", "simulated", "uuid", "pci_bus_id", "memory_bytes", "max_sm_clock_mhz",
+        "max_memory_clock_mhz", "memory_bus_width_bits", "driver_version", "cuda_driver_version", "catalog_key",
+    )
+
+    #: CUDA's index of the device in this process (after ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
     index: int
+    #: NVML's product name, ``"NVIDIA H200"``.
     name: str
+    #: Exact ``(major, minor)``; plugins match it exactly, never the major alone.
     compute_capability: tuple[int, int]
-    simulated: bool = False
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-    memory_bytes: int | None = None
-    max_sm_clock_mhz: int | None = None
-    max_memory_clock_mhz: int | None = None
-    memory_bus_width_bits: int | None = None
-    driver_version: str | None = None
-    cuda_driver_version: tuple[int, int] | None = None
-    catalog_key: str | None = None
+    #: ``True`` for a device from ``HWPROFILE_DEVICE`` (no GPU behind it).
+    simulated: bool
+    uuid: str | None
+    pci_bus_id: str | None
+    memory_bytes: int | None
+    #: Read only when ordering several GPUs needs them, or by :func:`with_details`.
+    max_sm_clock_mhz: int | None
+    max_memory_clock_mhz: int | None
+    memory_bus_width_bits: int | None
+    driver_version: str | None
+    #: The CUDA version the driver supports, ``(13, 0)``.
+    cuda_driver_version: tuple[int, int] | None
+    #: The catalog entry a simulated device came from.
+    catalog_key: str | None
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        compute_capability: tuple[int, int],
+        simulated: bool = False,
+        uuid: str | None = None,
+        pci_bus_id: str | None = None,
+        memory_bytes: int | None = None,
+        max_sm_clock_mhz: int | None = None,
+        max_memory_clock_mhz: int | None = None,
+        memory_bus_width_bits: int | None = None,
+        driver_version: str | None = None,
+        cuda_driver_version: tuple[int, int] | None = None,
+        catalog_key: str | None = None,
+    ) -> None:
+        _set(self, "index", index)
+        _set(self, "name", name)
+        _set(self, "compute_capability", compute_capability)
+        _set(self, "simulated", simulated)
+        _set(self, "uuid", uuid)
+        _set(self, "pci_bus_id", pci_bus_id)
+        _set(self, "memory_bytes", memory_bytes)
+        _set(self, "max_sm_clock_mhz", max_sm_clock_mhz)
+        _set(self, "max_memory_clock_mhz", max_memory_clock_mhz)
+        _set(self, "memory_bus_width_bits", memory_bus_width_bits)
+        _set(self, "driver_version", driver_version)
+        _set(self, "cuda_driver_version", cuda_driver_version)
+        _set(self, "catalog_key", catalog_key)
 
     @property
     def sm(self) -> str:
@@ -79,12 +139,22 @@ class DeviceInfo(NamedTuple):
         }
 
 
-class Detection(NamedTuple):
+@final
+class Detection(Record):
     """The devices this process sees; when there are none, ``reason`` says why."""
 
+    __slots__ = ("devices", "reason", "simulated")
+
+    #: In CUDA's numbering: ``devices[i].index == i``.
     devices: tuple[DeviceInfo, ...]
-    reason: str | None = None
-    simulated: bool = False
+    #: Why there is no device (NVML missing, no driver, ``CUDA_VISIBLE_DEVICES`` hides all); ``None`` otherwise.
+    reason: str | None
+    simulated: bool
+
+    def __init__(self, devices: tuple[DeviceInfo, ...], reason: str | None = None, simulated: bool = False) -> None:
+        _set(self, "devices", devices)
+        _set(self, "reason", reason)
+        _set(self, "simulated", simulated)
 
     def device(self, index: int) -> DeviceInfo:
         """Device ``index`` in CUDA numbering, or an error that says what is visible."""
@@ -116,78 +186,6 @@ def detect(environ: Mapping[str, str] | None = None) -> Detection:
     return found
 
 
-class PendingDetection:
-    """A :func:`detect` that may still be running in a helper thread (see :func:`detect_in_background`)."""
-
-    def __init__(self, key: _Key, done: Detection | None = None) -> None:
-        self._key, self._detection, self._error = key, done, None
-        self._thread: Any = None
-        if done is not None:
-            return
-        import threading
-
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hwprofile-nvml-probe", daemon=True)
-        self._thread.start()
-
-    def _publish(self, detection: Detection) -> None:
-        self._detection = detection
-        self._ready.set()
-
-    def _run(self) -> None:
-        try:
-            detection = _detect(*self._key, publish=self._publish)
-            if self._detection is None:
-                self._publish(detection)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread by result() or close()
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    def result(self) -> Detection:
-        """The detected devices, as soon as NVML has reported them (its teardown may still run)."""
-        if self._thread is not None:
-            self._ready.wait()
-        if self._detection is None:
-            assert self._error is not None
-            raise self._error
-        return _detections.setdefault(self._key, self._detection)
-
-    def close(self) -> None:
-        """Wait for the helper thread to end (NVML shut down); a teardown error is logged."""
-        if self._thread is not None:
-            self._thread.join()
-            if self._error is not None and self._detection is not None:
-                log.warning(
-                    "NVML failed while shutting down after detection (%s: %s); the devices it reported are used. "
-                    "If NVML misbehaves later in this process, check the driver with 'hwprofile doctor'",
-                    type(self._error).__name__, self._error,
-                )
-
-
-def detect_in_background(environ: Mapping[str, str] | None = None) -> PendingDetection:
-    """Start :func:`detect` in a helper thread; ``result()`` waits for the devices, ``close()`` for the thread.
-
-    NVML's start-up spends most of its 15-20 ms inside the driver with the GIL released
-    (``nvmlInit``, the first device handle, ``nvmlShutdown``), so ``profile()`` loads the plugins
-    meanwhile, and resolves while NVML shuts down. ``pynvml`` is imported here, in the calling
-    thread: importing is Python work that would only contend for the GIL. Nothing to wait for
-    (cached, simulated, no nvidia-ml-py, no threads) means detecting at once. The caller must call
-    ``close()``, so that no thread outlives it (a process may fork right after).
-    """
-    key = _key(environ)
-    if key in _detections or key[0]:
-        return PendingDetection(key, detect(environ))
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
-        return PendingDetection(key, detect(environ))
-    try:
-        return PendingDetection(key)
-    except RuntimeError:  # interpreter shutting down, or no more threads
-        return PendingDetection(key, detect(environ))
-
-
 def _detect(simulate: str | None, visible: str | None, order: str | None, publish: Callable[[Detection], None] | None = None) -> Detection:
     """Detect for one environment key; ``publish`` gets the result before NVML's teardown."""
     if simulate:
@@ -214,6 +212,7 @@ def _detect(simulate: str | None, visible: str | None, order: str | None, publis
     return early[0] if early else finish(raw, reason)
 
 
+@_state.on_reset
 def clear_cache() -> None:
     """Forget detected devices (tests, or after changing the environment)."""
     _detections.clear()
@@ -247,7 +246,7 @@ def simulated_detection(spec: str) -> Detection:
 
 
 def _renumber(d: DeviceInfo, index: int) -> DeviceInfo:
-    return d._replace(index=index)
+    return d.replace(index=index)
 
 
 # --- ordering: make device i mean what CUDA device i means ----------------------------------------
@@ -330,15 +329,15 @@ def _probe_nvml(on_read: Callable[[list[_Raw]], None] | None = None) -> tuple[li
                 index=i,
                 name=_text(pynvml.nvmlDeviceGetName(h)),
                 compute_capability=(int(major), int(minor)),
-                uuid=_q(lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h))),
-                pci_bus_id=_q(lambda h=h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId)),
-                memory_bytes=_q(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                uuid=_q(lambda h: _text(pynvml.nvmlDeviceGetUUID(h)), h),
+                pci_bus_id=_q(lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId), h),
+                memory_bytes=_q(lambda h: pynvml.nvmlDeviceGetMemoryInfo(h).total, h),
                 driver_version=driver,
                 cuda_driver_version=cuda_driver,
             )
             if several:
-                info = info._replace(**_slow_facts(pynvml, h))
-            raw.append(_Raw(info, _q(lambda h=h: pynvml.nvmlDeviceGetNumGpuCores(h)) if several else None))
+                info = info.replace(**_slow_facts(pynvml, h))
+            raw.append(_Raw(info, _q(lambda h: pynvml.nvmlDeviceGetNumGpuCores(h), h) if several else None))
         if on_read is not None:
             on_read(raw)
         return raw, None
@@ -372,7 +371,7 @@ def with_details(d: DeviceInfo) -> DeviceInfo:
         return d
     try:
         h = pynvml.nvmlDeviceGetHandleByUUID(d.uuid)
-        return d._replace(**_slow_facts(pynvml, h))
+        return d.replace(**_slow_facts(pynvml, h))
     except Exception:  # noqa: BLE001
         return d
     finally:
@@ -382,10 +381,10 @@ def with_details(d: DeviceInfo) -> DeviceInfo:
             pass
 
 
-def _q(fn):  # type: ignore[no-untyped-def]
+def _q(fn: Callable[..., _T], *args: object) -> _T | None:
     """One optional NVML query: ``None`` when the device or driver does not support it."""
     try:
-        return fn()
+        return fn(*args)
     except Exception:  # noqa: BLE001 - NVML raises many NotSupported subclasses; all mean "unknown"
         return None
 

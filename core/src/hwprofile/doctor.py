@@ -64,7 +64,8 @@ def _torch() -> tuple[str | None, str | None]:
 def collect() -> Report:
     """The whole report; :func:`run_checks` is its ``checks``."""
     from . import __version__, device, jit
-    from .registry import ENTRY_POINT_GROUP, find_entry_points, installed_version
+    from ._entrypoints import find_entry_points
+    from .registry import ENTRY_POINT_GROUP, installed_version
 
     r = Report()
     v = r.versions

@@ -10,8 +10,10 @@ import re
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from . import _state
+from ._record import Record, _set, final
 from .errors import PluginError
 
 if TYPE_CHECKING:
@@ -22,16 +24,28 @@ OWN_INCLUDE = str(Path(__file__).parent / "include")
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
-class Launch(NamedTuple):
+@final
+class Launch(Record):
     """How to launch one kernel instance: its template name expression, grid, block and dynamic smem."""
 
+    __slots__ = ("name_expression", "grid", "block", "shared_bytes")
+
+    #: The instance, as NVRTC names it: ``"hwp_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0>"``.
     name_expression: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    shared_bytes: int = 0
+    #: Dynamic shared memory per block, in bytes; above 48 KiB the launcher opts in first.
+    shared_bytes: int
+
+    def __init__(self, name_expression: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int = 0) -> None:
+        _set(self, "name_expression", name_expression)
+        _set(self, "grid", grid)
+        _set(self, "block", block)
+        _set(self, "shared_bytes", shared_bytes)
 
 
-class KernelSpec(NamedTuple):
+@final
+class KernelSpec(Record):
     """A kernel a plugin contributes: CUDA C++ source shipped as package data, plus how to launch it.
 
     ``instances`` are the template name expressions ``hwprofile compile`` pre-builds into one cubin;
@@ -39,15 +53,37 @@ class KernelSpec(NamedTuple):
     ``instances`` is compiled on first use and cached separately).
     """
 
+    __slots__ = ("op", "package", "source", "instances", "configure", "options", "doc", "plugin", "distribution_version")
+
+    #: The op it implements (``"router_gemm"``); a higher-priority plugin's spec replaces a lower one's.
     op: str
+    #: The importable package that ships the source as package data.
     package: str
+    #: The source's path inside ``package``: ``"kernels/skinny_gemm.cu"``.
     source: str
     instances: tuple[str, ...]
+    #: ``configure(**shape) -> Launch``; pure, so launch plans are tested on the CPU.
     configure: Callable[..., Launch]
-    options: tuple[str, ...] = ()
-    doc: str = ""
-    plugin: str = ""
-    distribution_version: str = ""
+    #: Extra NVRTC options (part of the cache key).
+    options: tuple[str, ...]
+    doc: str
+    #: Filled in by hwprofile when it collects the spec: the plugin's name and ``"<distribution> <version>"``.
+    plugin: str
+    distribution_version: str
+
+    def __init__(
+        self, op: str, package: str, source: str, instances: tuple[str, ...], configure: Callable[..., Launch],
+        options: tuple[str, ...] = (), doc: str = "", plugin: str = "", distribution_version: str = "",
+    ) -> None:
+        _set(self, "op", op)
+        _set(self, "package", package)
+        _set(self, "source", source)
+        _set(self, "instances", instances)
+        _set(self, "configure", configure)
+        _set(self, "options", options)
+        _set(self, "doc", doc)
+        _set(self, "plugin", plugin)
+        _set(self, "distribution_version", distribution_version)
 
     def source_path(self) -> Path:
         """Filesystem path of the source; an error says which package data is missing."""
@@ -91,7 +127,7 @@ def collect_kernels(reg: Registry, selection: Selection, info: DeviceInfo) -> di
         for spec in specs or ():
             if not isinstance(spec, KernelSpec):
                 raise PluginError(f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}")
-            spec = spec._replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}")
+            spec = spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}")
             spec.source_path()  # a missing source is the plugin author's error: report it now, by name
             out[spec.op] = spec
     return out
@@ -146,3 +182,6 @@ def _source_digest(path: str, dirs: tuple[str, ...]) -> str:
             else:
                 h.update(b"<builtin>" + inc.encode())
     return h.hexdigest()
+
+
+_state.on_reset(_source_digest.cache_clear)

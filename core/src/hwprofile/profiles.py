@@ -12,17 +12,23 @@ import sys
 import threading
 from collections.abc import Mapping, MutableMapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import _state
 from . import device as _device
 from ._log import get_logger
+from ._record import Record, _set, final
 from .errors import PluginError, SettingError
 
 if TYPE_CHECKING:  # imported inside functions: a first profile() loads them while NVML starts (_first_profile)
+    from .kernelspec import KernelSpec
     from .registry import PluginInfo, Registry, Selection
     from .settings import ResolvedEnvDefault, ResolvedSetting
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T", bool, int, float, str)
+
 
 class DispatchStats:
     """Per-op counters of kernel vs fallback calls in this process (mutable, thread-tolerant)."""
@@ -34,21 +40,59 @@ class DispatchStats:
         return {op: dict(c) for op, c in sorted(self.counts.items())}
 
 
-class _ProfileFields(NamedTuple):
+@final
+class Profile(Record):
+    """Everything hwprofile decided for one device. Frozen; read values with ``profile[key]``.
+
+    Typed code reads a value with :meth:`get` (``prof.get("router_gemm.max_tokens", int)``), which
+    checks the type. Two profiles are equal only when they are the same object: each one carries its
+    own dispatch counters, and ``hwprofile.profile()`` returns the cached one.
+    """
+
+    __slots__ = ("device", "selection", "participants", "settings", "env_defaults", "kernels", "fingerprint", "stats")
+
     device: _device.DeviceInfo
+    #: The architecture plugin chosen for the device, its NVRTC target, and why.
     selection: Selection
+    #: Plugins that supplied settings, lowest priority first: the architecture plugin, then downstream ones.
     participants: tuple[PluginInfo, ...]
+    #: Every declared setting, resolved, with its chain of layers; read-only.
     settings: Mapping[str, ResolvedSetting]
+    #: Environment defaults the plugins propose, by variable name; read-only.
     env_defaults: Mapping[str, ResolvedEnvDefault]
-    kernels: Mapping[str, Any]
+    #: Kernel specs by op, for the selected target; empty when no architecture plugin serves the device.
+    kernels: Mapping[str, KernelSpec]
+    #: Stable 16-hex-digit hash of what decides dispatch (see :func:`fingerprint`), not of the device's UUID.
     fingerprint: str
+    #: Kernel-vs-fallback counters of this process; the one mutable part.
     stats: DispatchStats
 
+    def __init__(
+        self,
+        device: _device.DeviceInfo,
+        selection: Selection,
+        participants: tuple[PluginInfo, ...],
+        settings: Mapping[str, ResolvedSetting],
+        env_defaults: Mapping[str, ResolvedEnvDefault],
+        kernels: Mapping[str, KernelSpec],
+        fingerprint: str,
+        stats: DispatchStats,
+    ) -> None:
+        _set(self, "device", device)
+        _set(self, "selection", selection)
+        _set(self, "participants", participants)
+        _set(self, "settings", settings)
+        _set(self, "env_defaults", env_defaults)
+        _set(self, "kernels", kernels)
+        _set(self, "fingerprint", fingerprint)
+        _set(self, "stats", stats)
 
-class Profile(_ProfileFields):
-    """Everything hwprofile decided for one device. Frozen; read values with ``profile[key]``."""
+    __eq__ = object.__eq__  # identity, see above
+    __hash__ = object.__hash__
 
-    __slots__ = ()
+    def __repr__(self) -> str:
+        p = self.plugin
+        return f"<Profile {self.fingerprint} device {self.device.index} {self.device.name!r} plugin {p.name if p else None}>"
 
     @property
     def plugin(self) -> PluginInfo | None:
@@ -60,7 +104,38 @@ class Profile(_ProfileFields):
         return self.selection.target
 
     def __getitem__(self, key: str) -> Any:
+        """The value of setting ``key`` (untyped: typed code uses :meth:`get`); unknown keys raise SettingError."""
         return self.explain(key).value
+
+    def get(self, key: str, kind: type[_T]) -> _T:
+        """The value of setting ``key``, checked to be a ``kind`` (``bool``, ``int``, ``float`` or ``str``).
+
+        A mismatch (``get("gemv.split_k", int)`` on a bool setting) is a :class:`SettingError` naming
+        the setting's declared type: a value never silently converts (an int setting is not a float).
+        """
+        resolved = self.explain(key)
+        value, s = resolved.value, resolved.setting
+        if kind is float and s.type == "float" and type(value) is int:
+            return float(value)  # a float setting's declared default may be written 1
+        if type(value) is not kind:
+            raise SettingError(
+                f"setting {key} is declared {s.type!r} and holds {value!r} ({type(value).__name__}), not {kind.__name__}; "
+                f"read it with .get({key!r}, {type(value).__name__})"
+            )
+        return value
+
+    def get_bool(self, key: str) -> bool:
+        return self.get(key, bool)
+
+    def get_int(self, key: str) -> int:
+        return self.get(key, int)
+
+    def get_float(self, key: str) -> float:
+        return self.get(key, float)
+
+    def get_str(self, key: str) -> str:
+        """A ``"str"`` or ``"enum"`` setting's value."""
+        return self.get(key, str)
 
     def explain(self, key: str) -> ResolvedSetting:
         """The setting's value with its whole chain of layers."""
@@ -122,14 +197,22 @@ def registry() -> Registry:
 
 
 def reset() -> None:
-    """Forget the registry, detected devices and profiles (call after changing env or plugins)."""
+    """Forget everything this process remembered: call after changing the environment or the plugins.
+
+    Runs every callback registered with :func:`hwprofile._state.on_reset`: the registry and profiles
+    (here), detected devices, directory listings, source digests, and whatever other modules
+    registered (compiled-kernel memos, dispatch tables).
+    """
+    with _lock:
+        _state.reset_all()
+
+
+@_state.on_reset
+def _forget_profiles() -> None:
     global _registry
     with _lock:
         _registry = None
         _profiles.clear()
-        _device.clear_cache()
-        if "hwprofile.registry" in sys.modules:
-            sys.modules["hwprofile.registry"].clear_cache()
 
 
 def _current_device_index() -> int:
@@ -153,34 +236,12 @@ def profile(device: int | None = None) -> Profile:
         if _registry is not None:
             prof = build_profile(_device.detect().device(index), _registry, os.environ)
         else:
-            prof = _first_profile(index)
+            from ._first_profile import first_profile
+
+            prof = first_profile(index, registry)
         _profiles[index] = prof
         log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint)
         return prof
-
-
-def _first_profile(index: int) -> Profile:
-    """The first profile of the process, with NVML's start-up overlapped.
-
-    NVML starts in a helper thread (:func:`hwprofile.device.detect_in_background`) while this
-    thread imports and registers the plugins: the two do not depend on each other, and NVML's
-    start-up is mostly time spent in the driver. Resolving then overlaps NVML's teardown. So a
-    first ``profile()`` costs little more than NVML's own start (benchmarks/RESULTS.md, "Start-up").
-    """
-    probe = _device.detect_in_background()
-    try:
-        error: Exception | None = None
-        try:
-            reg = registry()
-            import hashlib  # noqa: F401 - resolving needs it (digests, fingerprint): import it while NVML starts
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after a missing device is reported (as when detection ran first)
-            error = exc
-        info = probe.result().device(index)
-        if error is not None:
-            raise error
-        return build_profile(info, reg, os.environ)
-    finally:
-        probe.close()  # no thread outlives profile(): the process may fork next
 
 
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:

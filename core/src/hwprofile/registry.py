@@ -1,22 +1,31 @@
 """Plugin registry: entry-point discovery, validation and per-device architecture selection.
 
 One pluggy ``PluginManager`` for project ``hwprofile``. Plugins come from the entry-point group
-``hwprofile.plugins``; the entry-point name is the plugin's name everywhere. Loading is done one
-entry point at a time (not ``load_setuptools_entrypoints``) so that a broken plugin is reported by
-name, distribution and version instead of stopping the whole load anonymously.
+``hwprofile.plugins`` (found by :mod:`hwprofile._entrypoints`, a start-up trick); the entry-point
+name is the plugin's name everywhere. Loading is done one entry point at a time (not
+``load_setuptools_entrypoints``) so that a broken plugin is reported by name, distribution and
+version instead of stopping the whole load anonymously.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pluggy
 
 from . import hookspecs
+
+# Re-exported under their old address (they were defined here before the scan moved to _entrypoints).
+from ._entrypoints import EntryPoint as EntryPoint
+from ._entrypoints import _entry_points_slow as _entry_points_slow
+from ._entrypoints import clear_cache as clear_cache
+from ._entrypoints import find_entry_points
+from ._entrypoints import installed_version as installed_version
 from ._log import get_logger
+from ._record import Record, _set, final
 from .device import DeviceInfo
 from .errors import PluginError
 
@@ -28,205 +37,52 @@ DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?$")
 
 
-class EntryPoint(NamedTuple):
-    """One entry point of a group, with the distribution that declares it."""
-
-    name: str
-    value: str
-    distribution: str | None
-    version: str | None
-
-    def load(self) -> Any:
-        import importlib
-
-        module, _, attr = self.value.partition(":")
-        obj = importlib.import_module(module.strip())
-        for part in filter(None, attr.strip().split(".")):
-            obj = getattr(obj, part)
-        return obj
-
-
-_EGG_DIR = re.compile(r"^(?P<name>[^-]+?)(?:-(?P<version>[^-]+?))?(?:-py\d[^-]*)?\.egg-info$")
-
-
-def _metadata_dir(d: str) -> tuple[str, str | None, str] | None:
-    """``(name, version, header file)`` of a ``name-version.dist-info`` or ``*.egg-info`` directory name.
-
-    Plain string tests first: a site-packages directory holds hundreds of entries, and a regex per
-    entry showed up in the first ``profile()``'s time.
-    """
-    if d.endswith(".dist-info"):
-        name, _, version = d[:-10].partition("-")
-        if name and version and "-" not in version:
-            return name, version, "METADATA"
-        return None
-    if d.endswith(".egg-info"):
-        m = _EGG_DIR.match(d)
-        if m is not None:
-            return m.group("name"), m.group("version"), "PKG-INFO"
-    return None
-
-
-def find_entry_points(group: str) -> list[EntryPoint]:
-    """Entry points of ``group`` from every ``*.dist-info`` on ``sys.path``, first found wins.
-
-    Why not ``importlib.metadata.entry_points()``: it parses every installed distribution's
-    metadata, 50 ms on a machine with a few hundred packages, which would dominate the first
-    ``profile()``. Reading only ``entry_points.txt`` of ``*.dist-info`` and ``*.egg-info``
-    directories, and name and version from the header of the matching ones, gives the same answer
-    in a few ms; zip imports fall back to ``importlib.metadata``.
-    """
-    import sys
-
-    out: list[EntryPoint] = []
-    seen_dists: set[str] = set()
-    if any(e and os.path.isfile(e) for e in sys.path):
-        return _entry_points_slow(group)  # zip imports: let importlib.metadata handle them
-    header = f"[{group}]"
-    for entry, d, meta in _metadata_dirs():
-        dist = meta[0].replace("_", "-").lower()
-        if dist in seen_dists:
-            continue  # shadowed by an earlier sys.path entry, as importlib.metadata does
-        seen_dists.add(dist)
-        try:
-            with open(os.path.join(entry, d, "entry_points.txt"), encoding="utf-8") as f:
-                text = f.read()
-        except OSError:
-            continue
-        if header not in text:
-            continue
-        name_, version = _dist_header(os.path.join(entry, d, meta[2]), meta[0], meta[1])
-        for name, value in _ini_section(text, group):
-            out.append(EntryPoint(name, value, name_, version))
-    return out
-
-
-def _ini_section(text: str, section: str) -> list[tuple[str, str]]:
-    """``name = value`` pairs of one ``[section]`` of an entry_points.txt (the spec's INI subset)."""
-    out, current = [], None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1].strip()
-        elif current == section and "=" in line:
-            name, _, value = line.partition("=")
-            out.append((name.strip(), value.strip()))
-    return out
-
-
-_listing_cache: dict[str, list[tuple[str, tuple[str, str | None, str]]]] = {}
-
-
-def _metadata_dirs() -> Iterator[tuple[str, str, tuple[str, str | None, str]]]:
-    """``(sys.path entry, directory, (name, version, header))`` of every distribution's metadata
-    directory, in ``sys.path`` order.
-
-    Each sys.path directory is listed once per process (entry points and installed versions both
-    read it during the first ``profile()``); :func:`clear_cache` forgets the listings.
-    """
-    import sys
-
-    for entry in sys.path:
-        if not entry:
-            continue
-        found = _listing_cache.get(entry)
-        if found is None:
-            try:
-                names = os.listdir(entry)
-            except OSError:  # missing, a file (zip) or unreadable: holds no metadata directories
-                continue
-            found = [(d, meta) for d in names if (meta := _metadata_dir(d)) is not None]
-            _listing_cache[entry] = found
-        for d, meta in found:
-            yield entry, d, meta
-
-
-def clear_cache() -> None:
-    """Forget directory listings and installed versions (after installing or removing packages)."""
-    global _dist_cache
-    _listing_cache.clear()
-    _dist_cache = None
-
-
-def installed_version(*names: str) -> str | None:
-    """Version of the first installed distribution among ``names`` (``*.dist-info`` on sys.path), or None.
-
-    Used for fallback identities (torch, nvidia-cublas) without importing them or scanning every
-    distribution's metadata; cached per process.
-    """
-    index = _dist_index()
-    for name in names:
-        v = index.get(name.replace("_", "-").lower())
-        if v is not None:
-            return v
-    return None
-
-
-_dist_cache: dict[str, str] | None = None
-
-
-def _dist_index() -> dict[str, str]:
-    global _dist_cache
-    if _dist_cache is None:
-        found: dict[str, str] = {}
-        for _, _d, meta in _metadata_dirs():
-            if meta[2] == "METADATA":
-                found.setdefault(meta[0].replace("_", "-").lower(), meta[1] or "")
-        _dist_cache = found
-    return _dist_cache
-
-
-def _dist_header(path: str, name: str, version: str | None) -> tuple[str, str | None]:
-    """``Name:`` and ``Version:`` from a METADATA / PKG-INFO header (the spelling the distribution uses)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("Name:"):
-                    name = line[5:].strip()
-                elif line.startswith("Version:"):
-                    version = line[8:].strip()
-                elif not line.strip():
-                    break
-    except OSError:
-        pass
-    return name, version
-
-
-def _entry_points_slow(group: str) -> list[EntryPoint]:
-    from importlib import metadata
-
-    out = []
-    for ep in metadata.entry_points(group=group):
-        dist = ep.dist.metadata["Name"] if ep.dist is not None else None
-        out.append(EntryPoint(ep.name, ep.value, dist, ep.dist.version if ep.dist is not None else None))
-    return out
-
-
-class ArchSpec(NamedTuple):
+@final
+class ArchSpec(Record):
     """What an architecture plugin serves: exact compute capability -> NVRTC target."""
 
+    __slots__ = ("targets", "description")
+
+    #: ``{(9, 0): "sm_90a"}``: each exact capability served and the NVRTC target its kernels are built for.
     targets: Mapping[tuple[int, int], str]
-    description: str = ""
+    #: One line for ``hwprofile plugins``.
+    description: str
+
+    def __init__(self, targets: Mapping[tuple[int, int], str], description: str = "") -> None:
+        _set(self, "targets", targets)
+        _set(self, "description", description)
 
     def target_for(self, capability: tuple[int, int]) -> str | None:
         """The NVRTC target for this exact capability, or ``None`` if not served."""
-        return self.targets.get(tuple(capability))  # type: ignore[arg-type]
+        return self.targets.get((capability[0], capability[1]))
 
     @property
     def capabilities(self) -> tuple[tuple[int, int], ...]:
         return tuple(sorted(self.targets))
 
 
-class PluginInfo(NamedTuple):
+@final
+class PluginInfo(Record):
     """Identity of one registered plugin."""
 
+    __slots__ = ("name", "distribution", "version", "module", "arch")
+
+    #: The entry-point name (or the name given to :meth:`Registry.register`); a plugin's settings start with it.
     name: str
+    #: The distribution that installed it; ``None`` for a plugin registered by hand.
     distribution: str | None
     version: str | None
+    #: The module (or the class's module) holding the hook implementations.
     module: str
-    arch: ArchSpec | None = None
+    #: What it serves, for an architecture plugin; ``None`` for any other plugin.
+    arch: ArchSpec | None
+
+    def __init__(self, name: str, distribution: str | None, version: str | None, module: str, arch: ArchSpec | None = None) -> None:
+        _set(self, "name", name)
+        _set(self, "distribution", distribution)
+        _set(self, "version", version)
+        _set(self, "module", module)
+        _set(self, "arch", arch)
 
     @property
     def label(self) -> str:
@@ -251,12 +107,23 @@ class PluginInfo(NamedTuple):
         }
 
 
-class Selection(NamedTuple):
+@final
+class Selection(Record):
     """Which architecture plugin serves a device, its NVRTC target, and why."""
 
+    __slots__ = ("plugin", "target", "reason")
+
+    #: ``None`` when no installed architecture plugin serves the device (core defaults apply).
     plugin: PluginInfo | None
+    #: The NVRTC target (``"sm_90a"``), ``None`` exactly when ``plugin`` is.
     target: str | None
+    #: In words, for ``hwprofile show``: claimed, pinned, or why none.
     reason: str
+
+    def __init__(self, plugin: PluginInfo | None, target: str | None, reason: str) -> None:
+        _set(self, "plugin", plugin)
+        _set(self, "target", target)
+        _set(self, "reason", reason)
 
 
 class Registry:

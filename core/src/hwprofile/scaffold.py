@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile import ArchSpec, CatalogEntry, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
+from hwprofile.plugin import ArchSpec, CatalogEntry, DeviceInfo, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
 
 NAME = "{name}"
 
@@ -79,8 +79,8 @@ def hwprofile_declare_settings() -> list[Setting]:
 
 
 @hookimpl
-def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    # Each value says why; a measured threshold would also carry a hwprofile.tuning.Stamp.
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    # Each value says why; a measured threshold would also carry a hwprofile.plugin.Stamp.
     return {{
         f"{{NAME}}.example_flag": Value(True, "why this architecture wants the flag on"),
         "router_gemm.max_tokens": Value(0, "no router GEMM kernel for this architecture yet"),
@@ -88,7 +88,7 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
 
 
 @hookimpl
-def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
     return {{"TORCH_CUDA_ARCH_LIST": EnvDefault("{major}.{minor}", "build torch extensions for this SM")}}
 
 
@@ -97,7 +97,7 @@ def _configure(*, n: int, **_: Any) -> Launch:
 
 
 @hookimpl
-def hwprofile_kernels(device: Any, target: str) -> list[KernelSpec]:
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     return [KernelSpec(f"{{NAME}}_scale", __name__, "kernels/scale.cu", ("scale_kernel<2>",), _configure, doc="sample kernel")]
 '''
 
@@ -118,16 +118,13 @@ TEST = '''"""Runs as generated once the package is installed: pip install . && p
 
 import pytest
 
-from hwprofile import jit
-from hwprofile.device import DeviceInfo
-from hwprofile.profiles import build_profile
-from hwprofile.registry import Registry
+from hwprofile.plugin import compile_kernel, profile_for, simulated_device
 
-DEVICE = DeviceInfo(0, "simulated {target}", ({major}, {minor}), simulated=True)
+DEVICE = simulated_device(({major}, {minor}))
 
 
 def profile():
-    return build_profile(DEVICE, Registry({{}}).load_entry_points(), {{}})
+    return profile_for(DEVICE)  # the installed plugins, none of this machine's HWPROFILE_* variables
 
 
 def test_selected_for_its_capability():
@@ -137,9 +134,10 @@ def test_selected_for_its_capability():
 
 
 def test_simulated_device_from_its_catalog_entry():
-    from hwprofile import catalog
+    from hwprofile import detect
 
-    assert catalog.lookup("{device}").compute_capability == ({major}, {minor})
+    device = detect({{"HWPROFILE_DEVICE": "{device}"}}).devices[0]  # found through this plugin's hwprofile_catalog
+    assert device.simulated and device.compute_capability == ({major}, {minor})
 
 
 def test_settings_have_provenance():
@@ -151,7 +149,7 @@ def test_kernel_compiles_for_its_target():
     pytest.importorskip("cuda.bindings.nvrtc")
     prof = profile()
     spec = prof.kernels["{name}_scale"]
-    compiled = jit.compile_spec(spec, prof.target)
+    compiled = compile_kernel(spec, prof.target)
     assert compiled.cubin[:4] == b"\\x7fELF"
 '''
 

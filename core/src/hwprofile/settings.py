@@ -12,9 +12,15 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any, NamedTuple
+from typing import Any, Literal
 
+from ._record import Record, _set, final
 from .errors import SettingError
+
+#: A setting's type, as declared.
+SettingType = Literal["bool", "int", "float", "str", "enum"]
+#: Which layer supplied a value, lowest first.
+LayerKind = Literal["core", "declared", "arch", "downstream", "tuned", "env"]
 
 _KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 _TYPES = ("bool", "int", "float", "str", "enum")
@@ -22,35 +28,50 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-class _SettingFields(NamedTuple):
+@final
+class Setting(Record):
+    """A declared setting: key, type, default, bounds or choices, doc, and bit-identity.
+
+    Constructing one checks it: an invalid key, type or default is a :class:`SettingError`.
+    """
+
+    __slots__ = ("key", "type", "default", "doc", "bit_identical", "minimum", "maximum", "choices")
+
+    #: Lower-case dotted name, ``"router_gemm.max_tokens"``; a plugin's keys start with its name.
     key: str
-    type: str
+    #: The value's type; ``"enum"`` takes one of :attr:`choices`.
+    type: SettingType
+    #: Core's value, below every layer.
     default: Any
+    #: One line for ``hwprofile explain``: what the setting decides.
     doc: str
-    bit_identical: bool = True
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] | None = None
+    #: ``False`` when changing the value changes results bit for bit (e.g. summation order).
+    bit_identical: bool
+    #: Inclusive bounds of an ``"int"`` or ``"float"``; ``None`` is unbounded.
+    minimum: float | None
+    maximum: float | None
+    #: The values of an ``"enum"``.
+    choices: tuple[str, ...] | None
 
-
-class Setting(_SettingFields):
-    """A declared setting: key, type, default, bounds or choices, doc, and bit-identity."""
-
-    __slots__ = ()
-
-    def __new__(
-        cls, key: str, type: str, default: Any, doc: str, bit_identical: bool = True,
+    def __init__(
+        self, key: str, type: SettingType, default: Any, doc: str, bit_identical: bool = True,
         minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None,
-    ) -> Setting:
-        self = super().__new__(cls, key, type, default, doc, bit_identical, minimum, maximum, choices)
-        if not _KEY_RE.match(key):
+    ) -> None:
+        if not isinstance(key, str) or not _KEY_RE.match(key):
             raise SettingError(f"setting key {key!r} is invalid: use lower-case dotted names like 'router_gemm.max_tokens'")
         if type not in _TYPES:
             raise SettingError(f"setting {key}: type {type!r} is not one of {', '.join(_TYPES)}")
         if type == "enum" and not choices:
             raise SettingError(f"setting {key}: an enum needs choices")
+        _set(self, "key", key)
+        _set(self, "type", type)
+        _set(self, "default", default)
+        _set(self, "doc", doc)
+        _set(self, "bit_identical", bit_identical)
+        _set(self, "minimum", minimum)
+        _set(self, "maximum", maximum)
+        _set(self, "choices", choices)
         self.check(default, origin="its declared default")
-        return self
 
     @property
     def env_var(self) -> str:
@@ -64,7 +85,9 @@ class Setting(_SettingFields):
         if self.type == "enum":
             return "one of " + ", ".join(self.choices or ())
         if self.type in ("int", "float"):
-            fmt = (lambda v: str(int(v))) if self.type == "int" else (lambda v: f"{v:g}")
+            def fmt(v: float) -> str:
+                return str(int(v)) if self.type == "int" else f"{v:g}"
+
             lo = "-inf" if self.minimum is None else fmt(self.minimum)
             hi = "inf" if self.maximum is None else fmt(self.maximum)
             return f"{'an integer' if self.type == 'int' else 'a number'} in [{lo}, {hi}]"
@@ -122,40 +145,81 @@ class Setting(_SettingFields):
         return value
 
 
-class Value(NamedTuple):
+@final
+class Value(Record):
     """A setting value with the reason it was chosen and, for a measured threshold, its stamp.
 
     ``stamp`` (a :class:`hwprofile.tuning.Stamp`) records what the value was measured against; the
     profile compares it with what is running and reports the value as stale when that changed.
     """
 
+    __slots__ = ("value", "reason", "stamp")
+
+    #: The value itself, checked against the setting's declaration when the layer is added.
     value: Any
-    reason: str = ""
-    stamp: Any = None
+    #: Why this value (for a threshold: what it was measured against); shown by ``hwprofile explain``.
+    reason: str
+    #: What a measured value was measured against (a ``Stamp``), or ``None``.
+    stamp: Any
+
+    def __init__(self, value: Any, reason: str = "", stamp: Any = None) -> None:
+        _set(self, "value", value)
+        _set(self, "reason", reason)
+        _set(self, "stamp", stamp)
 
 
-class EnvDefault(NamedTuple):
+@final
+class EnvDefault(Record):
     """An environment-variable default a plugin proposes, with the architecture reason for it."""
 
+    __slots__ = ("value", "reason", "bit_identical")
+
+    #: The text to write when the user has not set the variable.
     value: str
+    #: Why this architecture wants it.
     reason: str
-    bit_identical: bool = True
+    #: ``False`` when the variable changes results bit for bit.
+    bit_identical: bool
+
+    def __init__(self, value: str, reason: str, bit_identical: bool = True) -> None:
+        _set(self, "value", value)
+        _set(self, "reason", reason)
+        _set(self, "bit_identical", bit_identical)
 
 
-class Layer(NamedTuple):
+@final
+class Layer(Record):
     """One layer's contribution to a setting: which kind of layer, who, what value, and why.
 
     ``stale`` says what changed since the value was measured; a stale layer with ``applied=False``
     (a stale tuned value) stays in the chain for ``explain`` but does not win.
     """
 
-    kind: str  # core | arch | downstream | tuned | env
+    __slots__ = ("kind", "source", "value", "reason", "stamp", "stale", "applied")
+
+    #: Which layer: ``core`` / ``declared`` (a declaration's default), ``arch``, ``downstream``, ``tuned``, ``env``.
+    kind: LayerKind
+    #: Who supplied it: ``"hwprofile-sm90 0.1.0"``, ``"tuned file <path>"``, ``"environment HWPROFILE_X"``.
     source: str
     value: Any
-    reason: str = ""
-    stamp: Any = None
-    stale: str = ""
-    applied: bool = True
+    reason: str
+    #: What the value was measured against, or ``None``.
+    stamp: Any
+    #: What changed since it was measured, in words; ``""`` when nothing did (or it was not measured).
+    stale: str
+    #: ``False`` for a recorded value that does not win (a stale tuned value).
+    applied: bool
+
+    def __init__(
+        self, kind: LayerKind, source: str, value: Any, reason: str = "", stamp: Any = None, stale: str = "", applied: bool = True
+    ) -> None:
+        _set(self, "kind", kind)
+        _set(self, "source", source)
+        _set(self, "value", value)
+        _set(self, "reason", reason)
+        _set(self, "stamp", stamp)
+        _set(self, "stale", stale)
+        _set(self, "applied", applied)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -169,11 +233,19 @@ class Layer(NamedTuple):
         }
 
 
-class ResolvedSetting(NamedTuple):
+@final
+class ResolvedSetting(Record):
     """A setting's final value and the whole chain of layers that produced it (winner last)."""
 
+    __slots__ = ("setting", "chain")
+
     setting: Setting
+    #: Every layer, lowest first; at least the declaration's default, which is always applied.
     chain: tuple[Layer, ...]
+
+    def __init__(self, setting: Setting, chain: tuple[Layer, ...]) -> None:
+        _set(self, "setting", setting)
+        _set(self, "chain", chain)
 
     @property
     def value(self) -> Any:
@@ -200,15 +272,28 @@ class ResolvedSetting(NamedTuple):
         }
 
 
-class ResolvedEnvDefault(NamedTuple):
+@final
+class ResolvedEnvDefault(Record):
     """An env default after layering, and whether the user already set the variable."""
+
+    __slots__ = ("name", "value", "reason", "bit_identical", "source", "user_value")
 
     name: str
     value: str
     reason: str
     bit_identical: bool
+    #: The plugin that proposed it (``"hwprofile-sm90 0.1.0"``).
     source: str
-    user_value: str | None = None
+    #: The variable's value when the profile was resolved, ``None`` if unset.
+    user_value: str | None
+
+    def __init__(self, name: str, value: str, reason: str, bit_identical: bool, source: str, user_value: str | None = None) -> None:
+        _set(self, "name", name)
+        _set(self, "value", value)
+        _set(self, "reason", reason)
+        _set(self, "bit_identical", bit_identical)
+        _set(self, "source", source)
+        _set(self, "user_value", user_value)
 
     @property
     def user_set(self) -> bool:
@@ -308,7 +393,7 @@ class SettingsResolver:
         return {k: next(x for x in reversed(c) if x.applied).value for k, c in self.chains.items()}
 
     def add(
-        self, kind: str, source: str, values: Mapping[str, Any] | None, *, who: str,
+        self, kind: LayerKind, source: str, values: Mapping[str, Any] | None, *, who: str,
         check: Callable[[str, Any], str] | None = None, stamp: Any = None, drop_stale: bool = False,
     ) -> None:
         """Add one layer; ``who`` names the supplier in errors (plugin label, file path).

@@ -18,8 +18,8 @@ that a warning fires only when it means something (a warning that fires for ever
 * **unknown**: one side is not known (torch not installed, no cuBLAS wheel): "cannot tell", never
   "changed".
 
-A stale shipped threshold still applies and is reported once per process; a stale tuned file is
-ignored (the shipped value applies) with one warning per file. ``HWPROFILE_STRICT=1`` turns both
+A stale shipped threshold still applies and is reported once per process (until ``hwprofile.reset()``);
+a stale tuned file is ignored (the shipped value applies) with one warning per file. ``HWPROFILE_STRICT=1`` turns both
 into an error. ``hwprofile explain KEY`` shows the details.
 """
 
@@ -32,6 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import _state
 from ._log import get_logger
 from .errors import SettingError
 
@@ -214,6 +215,13 @@ def strict(environ: Mapping[str, str]) -> bool:
 
 _warned: set[str] = set()
 _warned_shipped = [False]
+
+
+@_state.on_reset
+def _forget_warnings() -> None:
+    """A reset (new environment or plugins) may make other values stale: warn again."""
+    _warned.clear()
+    _warned_shipped[0] = False
 
 
 def _warn_once(msg: str) -> None:

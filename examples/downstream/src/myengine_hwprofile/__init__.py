@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile import EnvDefault, Setting, Value, hookimpl
+from hwprofile.plugin import DeviceInfo, EnvDefault, Setting, Value, hookimpl
 
 SM12X = {(12, 0), (12, 1)}
 
@@ -34,7 +34,7 @@ def hwprofile_declare_settings() -> list[Setting]:
 
 
 @hookimpl
-def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "router_gemm.max_tokens": Value(min(8, resolved["router_gemm.max_tokens"]), "myengine: at most 8 speculative tokens reach the router"),
     }
@@ -44,7 +44,7 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
 
 
 @hookimpl
-def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
     return {
         "MYENGINE_FUSED_SHARED_EXPERTS": EnvDefault(
             "1" if settings["myengine.fused_shared_experts"] else "0",

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile import ArchSpec, EnvDefault, Value, hookimpl
-from hwprofile.skinny import ArchTuning, kernel_specs
+from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, kernel_specs
 
 NAME = "sm100"
 # B200 has 148 SMs; B300 and GB300 at least as many. 227 KB opt-in shared memory per block.
@@ -24,7 +23,7 @@ def hwprofile_arch() -> ArchSpec:
 
 
 @hookimpl
-def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     against = "linear_bf16_fp32 (torch.mm out_dtype=fp32, cuBLAS)"
     return {
         # History: cut to 4 after a sweep against an older bf16-output fallback, restored to 16 once
@@ -40,7 +39,7 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
 
 
 @hookimpl
-def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
     arch = _ARCH_LIST.get(device.compute_capability, "10.0a")
     return {
         "TORCH_CUDA_ARCH_LIST": EnvDefault(arch, f"build torch extensions for sm_{arch[:-1].replace('.', '')}a: tcgen05/TMEM need the arch-specific target"),
@@ -49,5 +48,5 @@ def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str
 
 
 @hookimpl
-def hwprofile_kernels(device: Any, target: str) -> list[Any]:
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     return kernel_specs(__name__, "kernels/skinny_gemm.cu", TUNING)

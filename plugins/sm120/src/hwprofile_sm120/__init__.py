@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile import ArchSpec, EnvDefault, Value, hookimpl
-from hwprofile.skinny import ArchTuning, kernel_specs
+from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, kernel_specs
 
 NAME = "sm120"
 _SMEM = 99 * 1024  # opt-in shared memory per block on SM12x
@@ -27,7 +26,7 @@ def hwprofile_arch() -> ArchSpec:
 
 
 @hookimpl
-def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "router_gemm.max_tokens": Value(16, "JIT router GEMM compiled for M = 1..16; to be re-measured on SM120 against the fp32-output cuBLAS fallback"),
         "linear_bf16_fp32.max_tokens": Value(8, "conservative until measured on SM120 against torch.mm(out_dtype=fp32)"),
@@ -42,7 +41,7 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
 
 
 @hookimpl
-def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
     arch = "12.1a" if device.compute_capability == (12, 1) else "12.0a"
     return {
         "TORCH_CUDA_ARCH_LIST": EnvDefault(arch, "build torch extensions for the arch-specific SM12x target (FP4/FP8 block-scaled MMA)"),
@@ -51,6 +50,6 @@ def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str
 
 
 @hookimpl
-def hwprofile_kernels(device: Any, target: str) -> list[Any]:
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     tuning = _TUNING.get(device.compute_capability, _TUNING[(12, 0)])
     return kernel_specs(__name__, "kernels/skinny_gemm.cu", tuning)

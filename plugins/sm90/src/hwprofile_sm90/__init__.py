@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile import ArchSpec, EnvDefault, Value, hookimpl
-from hwprofile.skinny import ArchTuning, kernel_specs
-from hwprofile.tuning import Stamp
+from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Stamp, Value, hookimpl, kernel_specs
 
 NAME = "sm90"
 TUNING = ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, max_cluster=8)
@@ -25,7 +23,7 @@ def hwprofile_arch() -> ArchSpec:
 # Every measured threshold carries the stamp of the sweep it came from (benchmarks/h200/sweeps/*.toml,
 # `hwprofile sweep OP` on the lent H200, 2026-11-30). hwprofile reports a value as stale when the
 # device, this plugin's version, the kernel source or the fallback (torch, cuBLAS) changes.
-_H200 = {
+_H200: dict[str, Any] = {
     "device": "NVIDIA H200 sm_90 140 GiB",
     "compute_capability": (9, 0),
     "plugin": NAME,
@@ -41,7 +39,7 @@ FP8 = Stamp("fp8_gemv", fallback={"function": "dequantise + torch.nn.functional.
 
 
 @hookimpl
-def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     return {
         # sweep: kernel 3.8-4.4 us (N=256) / 4.7-5.4 us (N=384) vs cuBLAS 6.4-7.8 us at every M = 1..16.
         "router_gemm.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 384", ROUTER),
@@ -65,7 +63,7 @@ def hwprofile_settings(device: Any, resolved: Mapping[str, Any]) -> dict[str, An
 
 
 @hookimpl
-def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
     return {
         "TORCH_CUDA_ARCH_LIST": EnvDefault("9.0a", "build torch extensions for sm_90a so wgmma/TMA code paths are compiled in"),
         "CUDA_MODULE_LOADING": EnvDefault("LAZY", "load kernels on first use: less context memory and a faster start with large libraries"),
@@ -73,5 +71,5 @@ def hwprofile_env_defaults(device: Any, settings: Mapping[str, Any]) -> dict[str
 
 
 @hookimpl
-def hwprofile_kernels(device: Any, target: str) -> list[Any]:
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     return kernel_specs(__name__, "kernels/skinny_gemm.cu", TUNING)
