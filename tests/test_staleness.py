@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -142,6 +143,9 @@ def test_cli_table_note_short_and_explain_detail(fresh_warning: None, capsys: py
     assert cli.main(["explain", KEY]) == 0
     out = capsys.readouterr().out
     assert "STALE: fallback torch 0.9 ->" in out and "kernel source: cannot tell" in out and "re-measure with: hwprofile sweep router_gemm" in out
+    assert cli.main(["explain", KEY, "--json"]) == 0
+    arch = json.loads(capsys.readouterr().out)["chain"][1]
+    assert arch["comparison"]["stale"][0].startswith("fallback torch 0.9 ->") and arch["comparison"]["unknown"]
 
 
 def test_shipped_sm90_stamps_quiet_on_simulated_h100_and_h200(fresh_warning: None, caplog: pytest.LogCaptureFixture) -> None:

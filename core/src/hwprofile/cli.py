@@ -209,7 +209,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 0
     r = prof.explain(args.key)
     if args.json:
-        print(json.dumps(r.as_dict(), indent=2, default=str))
+        from . import tuning
+
+        doc = r.as_dict()
+        for layer, out in zip(r.chain, doc["chain"], strict=True):
+            if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
+                c = tuning.assess(prof, layer.stamp)
+                out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
+        print(json.dumps(doc, indent=2, default=str))
         return 0
     s = r.setting
     print(f"{s.key} = {_fmt(r.value)}   (from {r.winner.source})")
