@@ -6,8 +6,9 @@ PYTHONPATH=core/src:plugins/sm90/src:plugins/sm100/src:plugins/sm120/src python 
 
 ``--cpu``: no GPU needed (a clean venv on any machine): ``import hwprofile`` alone, after
 ``import torch``, and the first ``profile(0)`` of a simulated H200. ``--tuned``: the first-profile
-snippets run with a config dir holding the four H200 sweep files (``benchmarks/h200/sweeps``, old
-format: raw samples inline) in the device's tuned directory, beside the same snippets without them.
+snippets also run with a config dir holding the four H200 sweep files (``benchmarks/h200/sweeps``,
+old format: raw samples inline) in the device's tuned directory, interleaved with the same snippets
+without them (whose config dir is empty, so the machine's own tuned files never count).
 """
 
 from __future__ import annotations
@@ -83,21 +84,25 @@ def cpu_main(runs: int, tuned: bool) -> None:
 
 
 def main(runs: int, tuned: bool = False) -> None:
-    samples: dict[str, list[float]] = {name: [] for name in SNIPPETS}
-    env = None
+    """On the GPU host; with ``tuned``, the first-profile snippets also run with the tuned files present (interleaved)."""
+    empty = tempfile.mkdtemp(prefix="hwp-bench-empty-")
+    base = {**os.environ, "HWPROFILE_CONFIG_DIR": empty}  # no tuned files from the machine's own config dir
+    rows = {name: (code, base) for name, code in SNIPPETS.items()}
     if tuned:  # the device's tuned directory, named as hwprofile.tuning.tuned_dir names it
         import hwprofile
         from hwprofile import tuning
 
         d = tuning.tuned_dir(hwprofile.detect().device(0), {"HWPROFILE_CONFIG_DIR": "/"}).name
-        env = {**os.environ, "HWPROFILE_CONFIG_DIR": tuned_config(d)}
-        print(f"tuned files present: {d}")
+        with_files = {**os.environ, "HWPROFILE_CONFIG_DIR": tuned_config(d)}
+        print(f"tuned files present in the [4 tuned files] rows: {d}")
+        rows |= {f"{name} [4 tuned files]": (code, with_files) for name, code in SNIPPETS.items() if "profile(0)" in code}
+    samples: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(runs):
-        for name, code in SNIPPETS.items():
+        for name, (code, env) in rows.items():
             samples[name].append(once(code, "import pynvml" if name.startswith("[pynvml imported]") else "pass", env))
     for name, xs in samples.items():
         q = statistics.quantiles(xs, n=4)
-        print(f"{name:<58} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  min {min(xs):6.1f} (n={runs}, interleaved)")
+        print(f"{name:<75} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  min {min(xs):6.1f} (n={runs}, interleaved)")
     nvml = samples["import pynvml + nvmlInit + capability (NVML's own cost)"]
     ours = samples["import hwprofile + profile(0)"]
     # Two estimates of the cost above NVML's own: the difference of the medians, and the median of
@@ -111,6 +116,13 @@ def main(runs: int, tuned: bool = False) -> None:
     pairs = [b - a for a, b in zip(init, after, strict=True)]
     print(f"same, with pynvml imported before the clock starts: {statistics.median(after) - statistics.median(init):+.1f} ms (difference of medians), "
           f"{statistics.median(pairs):+.1f} ms (median of paired differences), {min(after) - min(init):+.1f} ms (difference of minima)")
+    if tuned:
+        for name in ("import hwprofile + profile(0)", "[pynvml imported] import hwprofile + profile(0)"):
+            nvml_row = init if name.startswith("[pynvml") else nvml
+            t = samples[f"{name} [4 tuned files]"]
+            d = [b - a for a, b in zip(nvml_row, t, strict=True)]
+            print(f"{name} [4 tuned files] over NVML's own cost: {statistics.median(t) - statistics.median(nvml_row):+.1f} ms (difference of medians), "
+                  f"{statistics.median(d):+.1f} ms (paired), {min(t) - min(nvml_row):+.1f} ms (minima)")
 
 
 if __name__ == "__main__":
