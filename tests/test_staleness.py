@@ -253,3 +253,15 @@ def test_sweep_writes_samples_outside_the_tuned_dir(tmp_path: Path) -> None:
     assert "measurements" not in head and 'samples = "samples/router_gemm.toml"' in head
     env = {"HWPROFILE_CONFIG_DIR": str(tmp_path)}
     assert tuning.tuned_files(H200, env) == [d / "router_gemm.toml"]  # samples/ is not a tuned file
+
+
+def test_head_only_parsing_equals_a_full_parse() -> None:
+    """The start-up trick's equivalence test: every shipped sweep file gives what a full parse gives."""
+    import tomllib
+
+    files = sorted((Path(__file__).parent.parent / "benchmarks" / "h200").glob("sweeps*/*.toml"))
+    assert len(files) >= 8
+    for f in files:
+        full = tomllib.loads(f.read_text())
+        st, thresholds = tuning.read_tuned(f)
+        assert thresholds == full["thresholds"] and st == tuning.Stamp.from_dict(full["stamp"], where=str(f)), f
