@@ -33,6 +33,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from . import _state
 from ._log import get_logger
 from .errors import KernelCompileError, KernelError, ToolchainError
 from .kernelspec import OWN_INCLUDE, KernelSpec, Launch
@@ -112,6 +113,10 @@ def include_dirs() -> tuple[str, ...]:
     """hwprofile's shared kernel headers, then the CUDA headers of NVRTC's major."""
     cudart, _ = cuda_headers()
     return (OWN_INCLUDE, cudart) if cudart else (OWN_INCLUDE,)
+
+
+_state.on_reset(cuda_headers.cache_clear)  # a reset may follow installing the matching headers
+_state.on_reset(include_dirs.cache_clear)
 
 
 def check_toolchain() -> None:
