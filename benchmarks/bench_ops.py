@@ -3,7 +3,8 @@
 Cold L2: every timed call reads a different copy of the weights (copies total >= 512 MB, the L2 is
 60 MB). GPU time per call = (CUDA-graph replay of one call per copy) / copies, median of 15 replays.
 Eager wall time per call = host loop of real op calls + synchronize. Writes bench.json and one PNG
-per op to $OUT (or ./out). Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/bench_ops.py
+per op to $OUT (or ./out). Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/bench_ops.py [eager]
+(``eager``: only the eager host-cost comparison of every op against its fallback, to eager.json).
 """
 
 from __future__ import annotations
@@ -151,47 +152,72 @@ def main() -> None:
     res["gemv"] = grows
     res["fp8_gemv"] = frows
 
-    host_overheads(prof, t, res)
+    eager_costs(prof, res)
     compile_and_load(prof, res)
     (OUT / "bench.json").write_text(json.dumps(res, indent=1))
     plot(res)
 
 
-def host_overheads(prof: hwprofile.Profile, t: ops._Table, res: dict) -> None:
-    # tiny shapes, so each call's GPU time is far below its host time and the loop measures the host
-    x = torch.randn(1, 512, device=dev).bfloat16()
-    w = torch.randn(64, 512, device=dev).bfloat16()
-    h = torch.randn(4, 512, device=dev).bfloat16()
-    y = torch.zeros(1024, device=dev)
-    launch = prof.kernels["gemv"].configure(m=1, n=64, k=512, split_k=True)
+def _wall(fn, calls: int = 2000) -> float:
+    """Eager wall microseconds per call: a host loop of ``calls`` calls, then one synchronize."""
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
+    """Issue 11 item 7, same run: each op against its fallback called directly, at shapes of both paths.
+
+    Fallback path: the op may cost at most 1 us more than its fallback. Kernel path: the op's eager
+    wall time must not exceed the fallback's. Rounds alternate op and fallback; the median of 5 rounds.
+    """
+    fb = {"router_gemm": ops._mm_fp32, "linear_bf16_fp32": ops._mm_fp32, "gemv": ops._linear, "fp8_gemv": ops._fp8_fallback}
+    cases = [("router_gemm", m, n, 7168) for m in (1, 4, 16) for n in (256, 384)] + [("router_gemm", 32, 256, 7168), ("router_gemm", 4, 1024, 7168)]
+    cases += [("linear_bf16_fp32", m, n, 7168) for m in (1, 8) for n in (256, 4096)] + [("linear_bf16_fp32", 16, 4096, 7168)]
+    cases += [("gemv", 1, n, k) for n, k in ((2048, 2048), (4096, 4096), (12288, 4096), (4096, 7168), (28672, 4096), (64, 512))]
+    cases += [("fp8_gemv", 1, n, k) for n, k in ((4096, 4096), (2048, 7168), (56, 4096), (64, 512))]
+    rows = []
+    for op, m, n, k in cases:
+        x = torch.randn(m, k, device=dev).bfloat16()
+        if op == "fp8_gemv":
+            w = (torch.randn(n, k, device=dev) * 2).to(torch.float8_e4m3fn)
+            s = torch.rand(n, device=dev) + 0.5
+            a = (x, w, s)
+        else:
+            a = (x, torch.randn(n, k, device=dev).bfloat16())
+        f_op, f_fb = getattr(ops, op), fb[op]
+        path = ops.decide(op, prof, m=m, n=n, k=k).path
+        rounds = [(_wall(lambda: f_op(*a)), _wall(lambda: f_fb(*a))) for _ in range(5)]
+        o = statistics.median(r[0] for r in rounds)
+        f = statistics.median(r[1] for r in rounds)
+        ok = (o <= f + 1.0) if path == "fallback" else (o <= f)
+        rows.append({"op": op, "m": m, "n": n, "k": k, "path": path, "op_us": o, "fallback_us": f, "meets_target": ok})
+        print(f"eager {op:17s} M={m:2d} N={n:6d} K={k:5d} {path:8s}: op {o:6.2f} us  fallback {f:6.2f} us  "
+              f"diff {o - f:+5.2f} us  {'ok' if ok else 'MISSES TARGET'}")
+    res["eager"] = rows
+    # pieces of the kernel path, for the record
+    t = ops._table(0)
+    x = torch.randn(1, 4096, device=dev).bfloat16()
+    w = torch.randn(4096, 4096, device=dev).bfloat16()
+    out = torch.empty(1, 4096, device=dev, dtype=torch.bfloat16)
+    launch = prof.kernels["gemv"].configure(m=1, n=4096, k=4096, split_k=t.split_k)
     kern = jit.load(prof.kernels["gemv"], prof.target, launch, 0, ops._ARG_TYPES)
     stream = torch.cuda.current_stream().cuda_stream
-    out = torch.empty(1, 64, device=dev, dtype=torch.bfloat16)
-    args = (out.data_ptr(), x.data_ptr(), w.data_ptr(), 0, 1, 64, 512)
-
-    def host(fn, n=3000) -> float:
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
-        return dt
-
-    pred = t.gemv
+    args = (out.data_ptr(), x.data_ptr(), w.data_ptr(), 0, 1, 4096, 4096)
     res["host_us"] = {
-        "dispatch_decision": host(lambda: pred.ok(2048, 4096), 200000),
-        "raw_launch": host(lambda: kern.launch(launch, stream, args)),
-        "ops.gemv": host(lambda: ops.gemv(x, w)),
-        "F.linear": host(lambda: F.linear(x, w)),
-        "ops.router_gemm M=4": host(lambda: ops.router_gemm(h, w)),
-        "torch.mm out_dtype=fp32 M=4": host(lambda: torch.mm(h, w.t(), out_dtype=torch.float32)),
-        "torch add_": host(lambda: y.add_(1)),
+        "jit LoadedKernel.launch (cuda-python)": _wall(lambda: kern.launch(launch, stream, args)),
+        "ops._launch (memo + stream + launch)": _wall(lambda: ops._launch(t, "gemv", out, x, w, None, 1, 4096, 4096, 0)),
+        "x.new_empty": _wall(lambda: x.new_empty((1, 4096))),
+        "route()": _wall(lambda: ops.route(t.routes["gemv"], 1, 4096, 4096, (x, w))),
+        "torch.compiler.is_compiling()": _wall(torch.compiler.is_compiling),
+        "torch add_": _wall(lambda: out.add_(1)),
     }
     print("host us per call:", {k: round(v, 2) for k, v in res["host_us"].items()})
-
 
 
 def compile_and_load(prof: hwprofile.Profile, res: dict) -> None:
@@ -261,11 +287,17 @@ def plot(res: dict) -> None:
     fig.savefig(OUT / "gemv.png", dpi=90)
 
 
+def main_eager() -> None:
+    hwprofile.reset()
+    prof = hwprofile.profile(0)
+    res: dict[str, object] = {"device": prof.device.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    print(f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}")
+    eager_costs(prof, res)
+    (OUT / "eager.json").write_text(json.dumps(res, indent=1))
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["host"]:  # host overheads only
-        hwprofile.reset()
-        r: dict = {}
-        host_overheads(hwprofile.profile(0), ops._table(0), r)
-        (OUT / "host.json").write_text(json.dumps(r, indent=1))
+    if sys.argv[1:] in (["eager"], ["host"]):  # eager host cost only (writes eager.json)
+        main_eager()
     else:
         main()

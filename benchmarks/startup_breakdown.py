@@ -41,7 +41,10 @@ t6 = time.perf_counter()
 ms = [1000 * (b - a) for a, b in zip((t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6))]
 print(" ".join(f"{x:.3f}" for x in ms))
 """
-STEP_NAMES = ("import pynvml", "import hwprofile", "import device+profiles", "detect() (NVML probe)", "registry (entry points, plugin imports)", "resolve profile(0)")
+STEP_NAMES = (
+    "import pynvml", "import hwprofile", "import device+profiles", "detect() (NVML probe)",
+    "registry (entry points, plugin imports)", "resolve profile(0)",
+)
 
 PAIRED = r"""
 import time
@@ -119,7 +122,10 @@ def paired(runs: int) -> None:
         print(f"{name:<50} median {statistics.median(col):7.2f} ms  min {min(col):7.2f}  max {max(col):7.2f}")
     ours = [sum(r[1:]) for r in rows]
     nvml = [r[0] for r in rows]
-    print(f"{'hwprofile above NVML (all steps after the first)':<50} median {statistics.median(ours):7.2f} ms  min {min(ours):7.2f}  max {max(ours):7.2f}")
+    print(
+        f"{'hwprofile above NVML (all steps after the first)':<50} median {statistics.median(ours):7.2f} ms  "
+        f"min {min(ours):7.2f}  max {max(ours):7.2f}"
+    )
     print(f"{'ratio to NVML own, per process':<50} median {statistics.median(o / n for o, n in zip(ours, nvml, strict=True)):7.3f}")
 
 

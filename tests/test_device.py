@@ -9,7 +9,10 @@ from hwprofile.catalog import CATALOG, lookup
 from hwprofile.device import DeviceInfo, _Raw, apply_visible_devices, order_devices
 from hwprofile.errors import DeviceError
 
-REQUIRED = ["h100", "h200", "b200", "b300", "gb300", "rtx-pro-6000", "rtx-5090", "dgx-spark", "l40s", "a100", "sm90", "sm100", "sm103", "sm120", "sm121"]
+REQUIRED = [
+    "h100", "h200", "b200", "b300", "gb300", "rtx-pro-6000", "rtx-5090", "dgx-spark", "l40s", "a100",
+    "sm90", "sm100", "sm103", "sm120", "sm121",
+]
 
 
 @pytest.mark.parametrize("name", REQUIRED)

@@ -29,7 +29,10 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
-def run(table: ops._Table, op: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dtype, mode: int = 0, split: bool | None = None) -> torch.Tensor:
+def run(
+    table: ops._Table, op: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dtype,
+    mode: int = 0, split: bool | None = None,
+) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0]
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")

@@ -33,7 +33,10 @@ def test_import_and_profile_import_no_torch_or_cuda(device: str | None) -> None:
 
 
 def test_plugin_modules_import_cheaply() -> None:
-    code = "import sys, hwprofile_sm90, hwprofile_sm100, hwprofile_sm120; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','cuda')))"
+    code = (
+        "import sys, hwprofile_sm90, hwprofile_sm100, hwprofile_sm120; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','cuda')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

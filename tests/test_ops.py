@@ -65,16 +65,16 @@ def test_bad_inputs_are_clear_errors() -> None:
     x, w = rand(2, 64), rand(8, 64)
     with pytest.raises(ValueError, match="hidden must be torch.bfloat16"):
         ops.router_gemm(x.float(), w)
-    with pytest.raises(ValueError, match="K=64 but weight has K=32"):
+    with pytest.raises(ValueError, match=r"hidden must be \[\.\.\., K\] with K=32 \(from weight \(8, 32\)\), got \(2, 64\)"):
         ops.router_gemm(x, rand(8, 32))
-    with pytest.raises(ValueError, match=r"shape \[1, K\]"):
-        ops.gemv(x, w)
     with pytest.raises(ValueError, match="scale must have 1 element"):
         ops.fp8_gemv(rand(1, 64), w.to(torch.float8_e4m3fn), torch.ones(3))
     with pytest.raises(ValueError, match="scale must be a float32"):
         ops.fp8_gemv(rand(1, 64), w.to(torch.float8_e4m3fn), torch.ones(1, dtype=torch.float64))
-    with pytest.raises(ValueError, match="3 dimensions|2 dimensions"):
-        ops.linear_bf16_fp32(rand(1, 2, 64), w)
+    with pytest.raises(ValueError, match=r"w must have 2 dimensions \[N, K\]"):
+        ops.linear_bf16_fp32(rand(1, 2, 64), rand(1, 8, 64))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        ops.gemv([1.0], w)  # type: ignore[arg-type]
 
 
 # --- dispatch decisions, as the thresholds say -----------------------------------------------------
@@ -99,8 +99,8 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize(
     ("n", "k", "path"),
-    [(2048, 7168, "fallback"), (4096, 4096, "kernel"), (7168, 2048, "kernel"), (7168, 16384, "fallback"), (12288, 4096, "kernel"),
-     (12296, 4096, "fallback"), (28672, 4096, "fallback"), (57344, 7168, "fallback"), (152064, 5120, "fallback"), (2048, 3584, "kernel"), (2048, 3000, "fallback"),
+    [(2048, 7168, "kernel"), (4096, 4096, "kernel"), (7168, 2048, "fallback"), (7168, 16384, "fallback"), (12288, 4096, "fallback"),
+     (4104, 4096, "fallback"), (4096, 7680, "fallback"), (28672, 4096, "fallback"), (57344, 7168, "fallback"), (152064, 5120, "fallback"), (2048, 3584, "kernel"), (2048, 3000, "fallback"),
      (2048, 256, "fallback"), (2050, 4096, "fallback"), (64, 512, "kernel"), (56, 512, "fallback"), (7168, 4608, "fallback")],
 )
 def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch, n: int, k: int, path: str) -> None:
@@ -124,7 +124,8 @@ def test_linear_threshold_on_hopper(no_downstream: None, monkeypatch: pytest.Mon
     hwprofile.reset()
     p = hwprofile.profile(0)
     assert ops.decide("linear_bf16_fp32", p, m=8, n=4096, k=7168).path == "kernel"
-    assert ops.decide("linear_bf16_fp32", p, m=9, n=256, k=7168).path == "fallback"
+    assert ops.decide("linear_bf16_fp32", p, m=16, n=4096, k=7168).path == "kernel"  # sweep: the kernel wins at every M to 16
+    assert ops.decide("linear_bf16_fp32", p, m=17, n=256, k=7168).path == "fallback"
     assert ops.decide("linear_bf16_fp32", p, m=4, n=8192, k=7168).path == "fallback"
 
 
@@ -151,24 +152,6 @@ def test_deterministic_mode_keeps_fallback(monkeypatch: pytest.MonkeyPatch) -> N
     p = hwprofile.profile(0)
     for op in ("router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"):
         assert ops.decide(op, p, m=1, n=2048, k=7168).path == "fallback"
-
-
-@pytest.mark.parametrize("sim", ["h200", "gb300", "rtx-pro-6000", "dgx-spark"])
-def test_launch_plans_fit_the_sm(sim: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HWPROFILE_DEVICE", sim)
-    hwprofile.reset()
-    p = hwprofile.profile(0)
-    smem = p.device.attributes().max_shared_memory_per_block_optin
-    for op, shapes in {"router_gemm": [(m, n, 7168) for m in range(1, 17) for n in (256, 384)],
-                       "gemv": [(1, n, k) for n in (2048, 57344) for k in (512, 7168, p["gemv.max_k"])]}.items():
-        for m, n, k in shapes:
-            for split in (True, False):
-                launch = p.kernels[op].configure(m=m, n=n, k=k, split_k=split)
-                assert launch.shared_bytes <= smem and launch.grid[1] in (1, 2, 4, 8) and launch.block[0] % 32 == 0
-                assert launch.grid[0] * 8 >= n > (launch.grid[0] - 1) * 8  # every row covered, no empty block
-                mt = 1 if m <= 8 else 2
-                want = f"hwp_skinny_mma<false, float, {mt}," if op == "router_gemm" else "hwp_gemv_simt<false, __nv_bfloat16, 1,"
-                assert launch.name_expression.startswith(want)
 
 
 def test_cpu_calls_count_as_fallback(monkeypatch: pytest.MonkeyPatch) -> None:

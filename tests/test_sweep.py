@@ -74,7 +74,7 @@ def h200(monkeypatch: pytest.MonkeyPatch) -> hwprofile.Profile:
 def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     timer = FakeTimer({m: (4.0, 7.0) if m <= 6 else (8.0, 7.0) for m in range(1, 17)})
     doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30")
-    assert doc["thresholds"] == {"router_gemm.max_tokens": 6}
+    assert doc["thresholds"] == {"router_gemm.max_tokens": 6, "router_gemm.min_n": 256, "router_gemm.max_n": 384, "router_gemm.min_k": 7168, "router_gemm.max_k": 7168}
     st = doc["stamp"]
     assert st["plugin"] == "sm90" and st["compute_capability"] == [9, 0] and st["kernel"]
     assert st["fallback"]["function"] == "torch.mm(out_dtype=torch.float32)" and "torch" in st["fallback"] and "uuid" not in str(st).lower()

@@ -27,7 +27,9 @@ def test_simulate_fixture(hwprofile_simulate):
 
 
 @pytest.mark.parametrize(("device", "passed", "skipped"), [("dgx-spark", 2, 2), ("rtx-pro-6000", 3, 1), ("h200", 1, 3)])
-def test_markers_under_simulation(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, device: str, passed: int, skipped: int) -> None:
+def test_markers_under_simulation(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, device: str, passed: int, skipped: int
+) -> None:
     monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
     pytester.makepyfile(TESTS)
     res = pytester.runpytest_subprocess(f"--hwprofile-device={device}", "-rs")

@@ -19,7 +19,7 @@ Plugin authors import from :mod:`hwprofile.plugin`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .device import DeviceInfo, detect
-    from .errors import DeviceError, HwprofileError, KernelError, PluginError, SettingError
+    from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError
     from .hookspecs import hookimpl
     from .kernelspec import KernelSpec, Launch
     from .profiles import Profile, profile, reset
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgreementError",
     "ArchSpec",
     "DeviceError",
     "DeviceInfo",
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "AgreementError": "errors",
     "ArchSpec": "registry",
     "DeviceError": "errors",
     "DeviceInfo": "device",

@@ -18,11 +18,14 @@ from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Self, final
+    from typing import Any, Self, dataclass_transform, final
 else:
 
     def final(cls):  # typing.final only informs the type checker
         return cls
+
+    def dataclass_transform(**_):  # so does typing.dataclass_transform
+        return final
 
 
 __all__ = ["Record", "final"]
@@ -38,6 +41,8 @@ def _hashable(v: object) -> object:
     return v
 
 
+# For type checkers, a record is a frozen dataclass with its own __init__: assigning a field is an error.
+@dataclass_transform(frozen_default=True, eq_default=False)
 class Record:
     """Frozen value semantics over ``__slots__``: equality and hash by field values, a readable repr."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HwprofileError, ToolchainError
+from .optable import OPS
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -433,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     s.set_defaults(fn=cmd_compile)
     s = sub.add_parser("sweep", parents=[device], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
-    s.add_argument("op", choices=["router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"])
+    s.add_argument("op", choices=list(OPS))
     s.add_argument("--m", help="tokens: 1..16 or 1,2,4 (router_gemm, linear_bf16_fp32)")
     s.add_argument("--n", help="output features: 256,384 or a range")
     s.add_argument("--k", help="input features")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .distributed import Difference, RankSummary
+
 
 class HwprofileError(Exception):
     """Base class of every error hwprofile raises on purpose."""
@@ -29,3 +34,21 @@ class KernelCompileError(KernelError):
 
 class ToolchainError(KernelError):
     """NVRTC, the CUDA headers or the driver are missing or too old for the target."""
+
+
+class AgreementError(HwprofileError):
+    """The ranks of a torch.distributed group resolved different profiles, or not all of them took part.
+
+    Raised on every rank that called :func:`hwprofile.distributed.check_agreement`. ``differences``
+    names each differing key with the values, provenance and ranks holding them; ``missing`` lists
+    the ranks that had not called it when a timeout or a failed collective ended the wait; ``ranks``
+    holds the per-rank summaries when they were gathered (for a table).
+    """
+
+    def __init__(
+        self, message: str, *, differences: tuple[Difference, ...] = (), missing: tuple[int, ...] = (), ranks: tuple[RankSummary, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.differences: tuple[Difference, ...] = differences
+        self.missing: tuple[int, ...] = missing
+        self.ranks: tuple[RankSummary, ...] = ranks

@@ -400,6 +400,7 @@ class LoadedKernel:
         self._lock = threading.Lock()
         self._cu = _driver()
         self._smem_set = 0
+        self._pdl_configs: dict[tuple[Launch, int], Any] = {}
 
     def launch(self, launch: Launch, stream: int, args: Sequence[Any]) -> None:
         """Launch on ``stream`` (a CUstream handle as int). Arguments must be checked by the caller."""
@@ -414,9 +415,30 @@ class LoadedKernel:
         with self._lock:
             for slot, value in zip(self._pack.slots, args, strict=True):
                 slot.value = value
-            (err,) = cu.cuLaunchKernel(self.function, g[0], g[1], g[2], b[0], b[1], b[2], launch.shared_bytes, stream, self._pack.address, 0)
+            if launch.pdl:
+                cfg = self._pdl_configs.get((launch, stream))
+                if cfg is None:
+                    cfg = self._pdl_configs[(launch, stream)] = _pdl_config(cu, launch, stream)
+                (err,) = cu.cuLaunchKernelEx(cfg, self.function, self._pack.address, 0)
+            else:
+                (err,) = cu.cuLaunchKernel(self.function, g[0], g[1], g[2], b[0], b[1], b[2], launch.shared_bytes, stream, self._pack.address, 0)
         if err != cu.CUresult.CUDA_SUCCESS:
             _cu(err, f"launching {self.name} grid={g} block={b} smem={launch.shared_bytes}")
+
+
+def _pdl_config(cu: Any, launch: Launch, stream: int) -> Any:
+    """A reusable launch configuration with programmatic stream serialization (built once per launch and stream)."""
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = launch.grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = launch.block
+    cfg.sharedMemBytes = launch.shared_bytes
+    cfg.hStream = stream
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
 
 
 _loaded: dict[tuple[str, str, int], LoadedKernel] = {}

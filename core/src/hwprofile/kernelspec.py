@@ -26,22 +26,28 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 @final
 class Launch(Record):
-    """How to launch one kernel instance: its template name expression, grid, block and dynamic smem."""
+    """How to launch one kernel instance: its template name expression, grid, block, dynamic smem, PDL."""
 
-    __slots__ = ("name_expression", "grid", "block", "shared_bytes")
+    __slots__ = ("name_expression", "grid", "block", "shared_bytes", "pdl")
 
-    #: The instance, as NVRTC names it: ``"hwp_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0>"``.
+    #: The instance, as NVRTC names it: ``"hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0>"``.
     name_expression: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     #: Dynamic shared memory per block, in bytes; above 48 KiB the launcher opts in first.
     shared_bytes: int
+    #: Launch with programmatic stream serialization (programmatic dependent launch): the kernel may
+    #: start while its predecessor on the stream finishes. Only for kernels that execute
+    #: ``griddepcontrol.wait`` before touching anything a predecessor may write.
+    pdl: bool
 
-    def __init__(self, name_expression: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int = 0) -> None:
+    def __init__(self, name_expression: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int = 0,
+                 pdl: bool = False) -> None:
         _set(self, "name_expression", name_expression)
         _set(self, "grid", grid)
         _set(self, "block", block)
         _set(self, "shared_bytes", shared_bytes)
+        _set(self, "pdl", pdl)
 
 
 @final
@@ -59,7 +65,7 @@ class KernelSpec(Record):
     op: str
     #: The importable package that ships the source as package data.
     package: str
-    #: The source's path inside ``package``: ``"kernels/skinny_gemm.cu"``.
+    #: The source's path inside ``package``: ``"kernels/sm90_gemv.cu"``.
     source: str
     instances: tuple[str, ...]
     #: ``configure(**shape) -> Launch``; pure, so launch plans are tested on the CPU.

@@ -1,128 +1,228 @@
-"""Ops: written contracts, torch fallbacks that honour them, and per-architecture dispatch.
+"""Ops: contracts, torch fallbacks that honour them, and the one routing function. Never imports torch at import.
 
-Contracts (every path, kernel or fallback, returns exactly this):
+Contracts (every path, kernel or fallback, returns exactly this; facts from ``hwprofile.optable``):
 
-==================  =================================================  ======================
-op                  inputs                                             output
-==================  =================================================  ======================
-router_gemm         hidden [M, K] bf16, weight [N, K] bf16             [M, N] **float32**
-linear_bf16_fp32    x [M, K] bf16, w [N, K] bf16                       [M, N] **float32**
-gemv                x [1, K] bf16, w [N, K] bf16                       [1, N] bf16 (fp32 acc.)
-fp8_gemv            x [1, K] bf16, w [N, K] float8_e4m3fn, scale fp32  [1, N] bf16 (fp32 acc.)
+==================  ====================================================  =========================
+op                  inputs                                                output
+==================  ====================================================  =========================
+router_gemm         hidden [..., K] bf16, weight [N, K] bf16              [..., N] **float32**
+linear_bf16_fp32    x [..., K] bf16, w [N, K] bf16                        [..., N] **float32**
+gemv                x [..., K] bf16, w [N, K] bf16                        [..., N] bf16 (fp32 acc.)
+fp8_gemv            x [..., K] bf16, w [N, K] float8_e4m3fn, scale fp32   [..., N] bf16 (fp32 acc.)
                     ([] / [1] per tensor, or [N] per output row)
-==================  =================================================  ======================
+==================  ====================================================  =========================
 
-Dispatch is decided from a per-device table built once from the profile (thresholds, predicate
-bounds, available kernels), so a decision is a few comparisons. ``HWPROFILE_DETERMINISTIC=1``
-keeps every op on its fallback. A kernel that fails to build or load warns once and the op falls
-back (``HWPROFILE_STRICT=1`` raises instead).
+Every op takes ``out=`` (a preallocated result of exactly that shape and dtype, written and
+returned), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
+K = 0 gives zeros) and strided weights (a row stride other than K: the fallback takes them).
+
+:func:`route` is the only place that decides kernel or fallback: the ops call it per call,
+:func:`decide` calls it and turns its answer into words. Its inputs are read once per device into
+a :class:`_Route` per op (thresholds and bounds from the profile, availability of the kernel,
+deterministic mode), so a decision is a few integer comparisons. A kernel that fails to build or
+load warns once and the op falls back from then on (``HWPROFILE_STRICT=1`` raises instead).
+
+Under ``torch.compile`` each op goes through its ``torch.ops.hwprofile.<op>`` custom op (registered
+with a fake implementation, see :func:`register`); in eager mode it calls the implementation
+directly: the dispatcher would add host time to every call, and an op may cost at most 1 µs more
+than its fallback (measured in benchmarks/RESULTS.md, "Ops in an engine").
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
+import sys
 import threading
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, final
 
+from . import _state
 from . import profiles as _profile_mod
 from ._log import get_logger
 from .errors import KernelError
+from .optable import FP8_GEMV, GEMV, LINEAR_BF16_FP32, NO_SCALE, OPS, ROUTER_GEMM, ROW_SCALE, TENSOR_SCALE, OpDef
 from .profiles import Profile, profile
 
 if TYPE_CHECKING:
     import torch
 
+__all__ = [
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "decide", "fp8_gemv", "gemv", "linear_bf16_fp32", "register",
+    "reset_dispatch", "route", "router_gemm",
+]
+
 log = get_logger(__name__)
 
 _ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
-NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
+
+#: test seam: the device index CPU tensors are routed as (-1: CPU tensors always take the fallback).
+#: Tests set it to 0 together with a fake :func:`_launch` to drive every gate through the public ops.
+_cpu_index: int = -1
 
 
-@dataclass(frozen=True)
+@final
 class Decision:
     """Which path an op takes for a shape, and why (for tests, logs and ``hwprofile explain``)."""
 
+    __slots__ = ("gate", "op", "path", "reason")
+
     op: str
-    path: str  # "kernel" | "fallback"
-    reason: str
+    path: str  #: "kernel" | "fallback"
+    reason: str  #: in words, naming the setting or bound that decided
+    gate: str | None  #: the gate that sent the call to the fallback (None: kernel); see :func:`route`
+
+    def __init__(self, op: str, path: str, reason: str, gate: str | None = None) -> None:
+        self.op, self.path, self.reason, self.gate = op, path, reason, gate
+
+    def __repr__(self) -> str:
+        return f"Decision({self.op!r}, {self.path!r}, {self.reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Decision) and (self.op, self.path, self.reason) == (other.op, other.path, other.reason)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-class _Predicate:
-    """GEMV shape predicate bounds, read once from the profile."""
+@final
+class _Route:
+    """One op's dispatch facts on one device, resolved from the profile once (plain ints)."""
 
-    __slots__ = ("k_multiple", "max_k", "max_n", "min_k", "min_n", "n_multiple", "roof_max", "roof_min")
+    __slots__ = ("counts", "k_multiple", "max_k", "max_m", "max_n", "min_k", "min_n", "n_multiple", "off", "op", "roof_hi", "roof_lo", "who")
 
-    def __init__(self, prof: Profile, op: str) -> None:
-        for name in self.__slots__:
-            key = {"roof_min": "cublas_roof_n_min", "roof_max": "cublas_roof_n_max"}.get(name, name)
-            setattr(self, name, prof[f"{op}.{key}"])
+    def __init__(self, op: OpDef, prof: Profile) -> None:
+        settings: Any = prof  # Profile[key] is the setting's value (typed loosely while Profile is a NamedTuple)
 
-    def why_not(self, n: int, k: int) -> str | None:
-        if not self.min_k <= k <= self.max_k:
-            return f"K={k} outside [{self.min_k}, {self.max_k}]"
-        if k % self.k_multiple:
-            return f"K={k} not a multiple of {self.k_multiple}"
-        if n % self.n_multiple or not self.min_n <= n <= self.max_n:
-            return f"N={n} outside [{self.min_n}, {self.max_n}] or not a multiple of {self.n_multiple}"
-        if self.roof_min <= n < self.roof_max:
-            return f"N={n} in [{self.roof_min}, {self.roof_max}) where the fallback is near the bandwidth roof"
-        return None
+        def val(b: int | str) -> int:
+            return b if isinstance(b, int) else int(settings[b])
 
-    def ok(self, n: int, k: int) -> bool:
-        return (
-            self.min_k <= k <= self.max_k
-            and k % self.k_multiple == 0
-            and n % self.n_multiple == 0
-            and self.min_n <= n <= self.max_n
-            and not self.roof_min <= n < self.roof_max
-        )
+        self.op = op
+        self.who = prof.plugin.name if prof.plugin else "no architecture plugin"
+        self.off: str | None = None  #: "deterministic" | "no_kernel" | "failed" | None
+        if prof["deterministic"]:
+            self.off = "deterministic"
+        elif op.name not in prof.kernels:
+            self.off = "no_kernel"
+        self.max_m, self.min_n, self.max_n = val(op.max_m), val(op.min_n), val(op.max_n)
+        self.n_multiple = val(op.n_multiple)
+        self.min_k, self.max_k = val(op.min_k), val(op.max_k)
+        self.k_multiple = math.lcm(val(op.k_multiple), op.k_vec)  # the kernels' 16-byte loads need k_vec too
+        self.roof_lo, self.roof_hi = (val(op.roof[0]), val(op.roof[1])) if op.roof else (0, 0)
+        self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
 
 
+def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
+    """The routing function: ``None`` (take the kernel) or the name of the first gate that says no.
+
+    Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
+    ``no_kernel``, ``failed`` (the kernel did not build or load here), ``m``, ``n``,
+    ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback is near the bandwidth
+    roof), ``layout`` (an operand is not contiguous or not 16-byte aligned; checked only when
+    ``operands`` are given). Bounds are those of the measured region: outside it, the fallback.
+    """
+    if not (m and n and k):
+        return "empty"
+    if r.off is not None:
+        return r.off
+    if m > r.max_m:
+        return "m"
+    if n < r.min_n or n > r.max_n:
+        return "n"
+    if n % r.n_multiple:
+        return "n_multiple"
+    if k < r.min_k or k > r.max_k:
+        return "k"
+    if k % r.k_multiple:
+        return "k_multiple"
+    if r.roof_lo <= n < r.roof_hi:
+        return "roof"
+    if operands is not None:
+        for t in operands:
+            if t is not None and (not t.is_contiguous() or t.data_ptr() % 16):
+                return "layout"
+    return None
+
+
+def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
+    """Words for :func:`route`'s answer, naming the setting behind each bound."""
+    op = r.op
+
+    def name(b: int | str, what: str) -> str:
+        return f"{b}" if isinstance(b, str) else f"the {op.name} kernel's {what}"
+
+    region = f"M <= {r.max_m}, N in [{r.min_n}, {r.max_n}], K in [{r.min_k}, {r.max_k}]"
+    if gate is None:
+        return f"M={m}, N={n}, K={k} inside the measured region of the {op.name} kernel ({region})"
+    if gate == "empty":
+        return f"empty problem (M={m}, N={n}, K={k}): nothing to launch; the result is {'zeros' if m and n else 'empty'}"
+    if gate == "deterministic":
+        return "deterministic mode (HWPROFILE_DETERMINISTIC) keeps ops on their fallback"
+    if gate == "no_kernel":
+        return f"{r.who} provides no {op.name} kernel for this device"
+    if gate == "failed":
+        return f"the {op.name} kernel failed to build or load in this process (warned once); set HWPROFILE_STRICT=1 to see the error raised"
+    if gate == "m":
+        if isinstance(op.max_m, int):
+            return f"M={m}: the {op.name} kernel takes M <= {r.max_m} only"
+        return f"M={m} > {op.max_m}={r.max_m}"
+    if gate == "n":
+        return f"N={n} outside [{r.min_n}, {r.max_n}] ({name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}): not measured"
+    if gate == "n_multiple":
+        return f"N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
+    if gate == "k":
+        return f"K={k} outside [{r.min_k}, {r.max_k}] ({name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}): not measured"
+    if gate == "k_multiple":
+        return f"K={k} is not a multiple of {r.k_multiple} ({name(op.k_multiple, 'K multiple')}, and 16-byte loads need {op.k_vec})"
+    if gate == "roof":
+        lo, hi = op.roof or ("", "")
+        return f"N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
+    if gate == "layout":
+        return "an operand is not contiguous or not 16-byte aligned (e.g. a padded weight row stride): the fallback takes it"
+    raise AssertionError(f"unknown gate {gate!r}")
+
+
+@final
 class _Table:
-    """Everything a dispatch decision needs for one device, resolved once per profile."""
+    """Everything dispatch needs for one device, resolved once per profile."""
+
+    __slots__ = ("index", "launches", "logged", "prof", "routes", "split_k", "strict")
 
     def __init__(self, prof: Profile) -> None:
         self.prof = prof
         self.index = prof.device.index
-        k = prof.kernels
-        det = bool(prof["deterministic"])
-        self.deterministic = det
         self.strict = bool(prof["strict"])
         self.split_k = bool(prof["gemv.split_k"])
-        self.router_max = 0 if det or "router_gemm" not in k else int(prof["router_gemm.max_tokens"])
-        self.linear_max = 0 if det or "linear_bf16_fp32" not in k else int(prof["linear_bf16_fp32.max_tokens"])
-        self.linear_max_n = int(prof["linear_bf16_fp32.max_n"])
-        self.gemv = None if det or "gemv" not in k else _Predicate(prof, "gemv")
-        self.fp8 = None if det or "fp8_gemv" not in k else _Predicate(prof, "fp8_gemv")
-        self.failed: set[str] = set()
-        self.launches: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self.routes = {name: _Route(op, prof) for name, op in OPS.items()}
+        self.launches: dict[tuple[Any, ...], Callable[..., None]] = {}  # (op, m, n, k, scale mode) -> launcher
         self.logged: set[tuple[str, str]] = set()
 
+    @property
+    def failed(self) -> set[str]:
+        """Ops whose kernel failed to build or load on this device."""
+        return {name for name, r in self.routes.items() if r.off == "failed"}
+
     def count(self, op: str, path: str) -> None:
-        c = self.prof.stats.counts.setdefault(op, {"kernel": 0, "fallback": 0})
-        c[path] += 1
-        if (op, path) not in self.logged:
-            self.logged.add((op, path))
-            log.debug("hwprofile %s: first %s call on device %d takes the %s path", self.prof.fingerprint, op, self.index, path)
+        self.routes[op].counts[path] += 1
 
 
 _tables: dict[int, _Table] = {}
 _tables_lock = threading.Lock()
+_profiles = _profile_mod._profiles
 
 
 def _table(index: int) -> _Table:
     t = _tables.get(index)
-    if t is None or t.prof is not _profile_mod._profiles.get(index):
+    if t is None or t.prof is not _profiles.get(index):
         with _tables_lock:
             t = _Table(profile(index))
             _tables[index] = t
     return t
 
 
+@_state.on_reset
 def reset_dispatch() -> None:
-    """Forget dispatch tables (after ``hwprofile.reset()``)."""
+    """Forget dispatch tables (``hwprofile.reset()`` calls it)."""
     _tables.clear()
 
 
@@ -130,85 +230,93 @@ def reset_dispatch() -> None:
 
 
 def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
-    """The path ``op`` takes on ``prof``'s device for an ``[m, k] x [n, k]`` problem, with the reason."""
-    t = _Table(prof)
-    if t.deterministic:
-        return Decision(op, "fallback", "deterministic mode (HWPROFILE_DETERMINISTIC) keeps ops on their fallback")
-    if op not in prof.kernels:
-        who = prof.plugin.name if prof.plugin else "no architecture plugin"
-        return Decision(op, "fallback", f"{who} provides no {op} kernel for {prof.device.sm}")
-    if op == "router_gemm" or op == "linear_bf16_fp32":
-        limit = t.router_max if op == "router_gemm" else t.linear_max
-        key = f"{op}.max_tokens"
-        if k % 8:
-            return Decision(op, "fallback", f"K={k} is not a multiple of 8")
-        if not 1 <= m <= limit:
-            return Decision(op, "fallback", f"M={m} > {key}={limit}")
-        if op == "linear_bf16_fp32" and n > t.linear_max_n:
-            return Decision(op, "fallback", f"N={n} > linear_bf16_fp32.max_n={t.linear_max_n}")
-        return Decision(op, "kernel", f"M={m} <= {key}={limit}")
-    pred = t.gemv if op == "gemv" else t.fp8
-    assert pred is not None
-    if m != 1:
-        return Decision(op, "fallback", f"M={m}: the GEMV kernel takes M = 1 only")
-    why = pred.why_not(n, k)
-    return Decision(op, "fallback", why) if why else Decision(op, "kernel", f"N={n}, K={k} inside the {op} predicate")
+    """The path ``op`` takes on ``prof``'s device for an ``[m, k] x [n, k]`` problem, with the reason.
 
-
-# --- argument checks -----------------------------------------------------------------------------
-
-
-def _check(name: str, t: Any, dtype: Any, ndim: int = 2) -> None:
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-
-
-def _same_device(*named: tuple[str, Any]) -> None:
-    dev = named[0][1].device
-    for name, t in named[1:]:
-        if t.device != dev:
-            raise ValueError(f"{name} is on {t.device} but {named[0][0]} is on {dev}; put them on one device")
-
-
-def _launchable(t: _Table, op: str, *tensors: Any) -> bool:
-    """Kernels need contiguous, 16-byte aligned operands; others take the fallback (logged once)."""
-    if all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in tensors):
-        return True
-    if (op, "layout") not in t.logged:
-        t.logged.add((op, "layout"))
-        log.info("hwprofile: %s gets a non-contiguous or unaligned operand; such calls take the torch fallback", op)
-    return False
+    It is :func:`route` on the same per-device facts the ops use (contiguous, aligned operands
+    assumed), so it also reports a kernel that failed to load in this process.
+    """
+    t = _tables.get(prof.device.index)
+    if t is None or t.prof is not prof:
+        t = _Table(prof)
+    r = t.routes.get(op)
+    if r is None:
+        raise KeyError(f"no op {op!r}; known ops: {', '.join(OPS)}")
+    gate = route(r, m, n, k)
+    return Decision(op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate)
 
 
 # --- kernel path ---------------------------------------------------------------------------------
 
 
+_current_raw_stream: Any = None  # torch._C._cuda_getCurrentRawStream (what Triton uses: no Stream object), bound lazily
+
+
 def _raw_stream(index: int) -> int:
     """Handle of torch's current stream on ``index`` (so graph capture records the launch)."""
-    import torch
+    global _current_raw_stream
+    if _current_raw_stream is None:
+        import torch
 
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton uses: no Stream object
-    return int(get(index)) if get is not None else int(torch.cuda.current_stream(index).cuda_stream)
+        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return int(_current_raw_stream(index))
 
 
-_IN_DTYPE = {"router_gemm": "bfloat16", "linear_bf16_fp32": "bfloat16", "gemv": "bfloat16", "fp8_gemv": "float8_e4m3fn"}
-_OUT_DTYPE = {"router_gemm": "float32", "linear_bf16_fp32": "float32", "gemv": "bfloat16", "fp8_gemv": "bfloat16"}
+def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> Callable[..., None] | None:
+    """The launcher of ``op``'s kernel for a shape (memoised per table); None after one warning if it cannot load.
+
+    A ctypes call of cuLaunchKernel was measured against cuda-python's on the H200 host: 11.08 vs
+    11.09 µs per launch (the driver's own cost dominates), so launches stay with ``jit``.
+    """
+    key = (op, m, n, k, scale_mode)
+    spec = t.prof.kernels[op]
+    try:
+        launch = spec.configure(m=m, n=n, k=k, split_k=t.split_k, **({"scale": scale_mode} if OPS[op].scaled else {}))
+        from . import jit
+
+        target = t.prof.target
+        if target is None:
+            raise KernelError(f"{op}: the profile of device {t.index} has no NVRTC target")
+        kern = jit.load(spec, target, launch, t.index, _ARG_TYPES)
+    except KernelError as exc:
+        if t.strict:
+            raise
+        t.routes[op].off = "failed"
+        warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=4)
+        return None
+
+    def go(stream: int, *args: int) -> None:
+        kern.launch(launch, stream, args)
+
+    t.launches[key] = go
+    return go
+
+
+def _launch(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, scale_mode: int) -> bool:
+    """Launch ``op``'s kernel on checked operands; False (after one warning) if it cannot be built or loaded.
+
+    The launcher seam: CPU tests replace it with a fake that computes the result in torch.
+    """
+    go = t.launches.get((op, m, n, k, scale_mode)) or _load(t, op, m, n, k, scale_mode)
+    if go is None:
+        return False
+    go(_raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k)
+    return True
+
+
+def _device_of(x: Any) -> int:
+    i = int(x.get_device())
+    return i if i >= 0 else _cpu_index
 
 
 def _check_launch(op: str, index: int, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int) -> None:
-    """The last gate before a launch: a mismatch is a ValueError naming the argument, never a launch on bad memory."""
+    """The gate of direct kernel calls (sweep, benchmarks): a mismatch is a ValueError naming the argument."""
     import torch
 
-    want = {
-        "out": (out, getattr(torch, _OUT_DTYPE[op]), (m, n)),
-        "x": (x, torch.bfloat16, (m, k)),
-        "w": (w, getattr(torch, _IN_DTYPE[op]), (n, k)),
+    d = OPS[op]
+    want: dict[str, tuple[Any, Any, tuple[int, int] | None]] = {
+        "out": (out, getattr(torch, d.out_dtype), (m, n)),
+        "x": (x, getattr(torch, d.x_dtype), (m, k)),
+        "w": (w, getattr(torch, d.w_dtype), (n, k)),
     }
     if scale is not None:
         want["scale"] = (scale, torch.float32, None)
@@ -218,74 +326,36 @@ def _check_launch(op: str, index: int, out: Any, x: Any, w: Any, scale: Any, m: 
         if shape is not None and tuple(tensor.shape) != shape:
             raise ValueError(f"{op}: {name} must have shape {shape}, got {tuple(tensor.shape)}")
     for name, (tensor, _, _) in want.items():
-        if not tensor.is_cuda or tensor.get_device() != index:
+        if _device_of(tensor) != index:
             raise ValueError(f"{op}: {name} must be on cuda:{index}, got {tensor.device}")
         if not tensor.is_contiguous() or tensor.data_ptr() % 16:
             raise ValueError(f"{op}: {name} must be contiguous and 16-byte aligned for the kernel")
     if scale is not None and scale.numel() not in (1, n):
         raise ValueError(f"{op}: scale must have 1 or {n} elements, got {scale.numel()}")
+    if not (m and n and k):
+        raise ValueError(f"{op}: the kernel needs M, N, K >= 1, got M={m}, N={n}, K={k}; empty problems take the fallback")
 
 
 def _run_kernel(t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, scale_mode: int = NO_SCALE) -> bool:
-    """Launch ``op``'s kernel; False (after one warning) if it cannot be built or loaded."""
+    """Launch ``op``'s kernel directly (no routing), after checking every operand; False if it cannot load."""
     _check_launch(op, t.index, out, x, w, scale, m, n, k)
-
-    key = (op, m, n, k, scale_mode)
-    hit = t.launches.get(key)
-    if hit is None:
-        spec = t.prof.kernels[op]
-        launch = spec.configure(m=m, n=n, k=k, split_k=t.split_k, **({"scale": scale_mode} if op == "fp8_gemv" else {}))
-        try:
-            from . import jit
-
-            kern = jit.load(spec, t.prof.target, launch, t.index, _ARG_TYPES)
-        except KernelError as exc:
-            if t.strict:
-                raise
-            t.failed.add(op)
-            warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=3)
-            return False
-        hit = t.launches[key] = (kern, launch)
-    kern, launch = hit
-    stream = _raw_stream(t.index)
-    kern.launch(launch, stream, (out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k))
-    return True
+    return _launch(t, op, out, x, w, scale, m, n, k, scale_mode)
 
 
-# --- ops -----------------------------------------------------------------------------------------
-
-
-def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x[M,K] bf16 . w[N,K]^T -> [M,N] float32``; small M may use the plugin kernel."""
-    import torch
-
-    _check("x", x, torch.bfloat16)
-    _check("w", w, torch.bfloat16)
-    _same_device(("x", x), ("w", w))
-    m, k = x.shape
-    n, k2 = w.shape
-    if k != k2:
-        raise ValueError(f"x has K={k} but w has K={k2}; shapes {tuple(x.shape)} and {tuple(w.shape)}")
-    if x.is_cuda:
-        t = _table(x.device.index)
-        if 1 <= m <= t.linear_max and n <= t.linear_max_n and k % 8 == 0 and "linear_bf16_fp32" not in t.failed and _launchable(t, "linear_bf16_fp32", x, w):
-            out = torch.empty((m, n), dtype=torch.float32, device=x.device)
-            if _run_kernel(t, "linear_bf16_fp32", out, x, w, None, m, n, k):
-                t.count("linear_bf16_fp32", "kernel")
-                return out
-        t.count("linear_bf16_fp32", "fallback")
-    return _mm_fp32(x, w)
+# --- fallbacks (2-D operands, contract dtypes; the identity each stamps records is in the op table) ---
 
 
 _mm_out_dtype: bool | None = None  # does this torch have torch.mm(..., out_dtype=) on CUDA? probed once
 
 
 def _mm_fp32(x: Any, w: Any) -> Any:
-    """The fp32-output fallback: cuBLAS with fp32 output where torch has it, else an fp32 upcast."""
+    """``x . w^T`` in float32: cuBLAS with fp32 output where torch has it, else an fp32 upcast (CPU)."""
     global _mm_out_dtype
+    if _mm_out_dtype and x.is_cuda:
+        return _torch.mm(x, w.t(), out_dtype=_torch.float32)
     import torch
 
-    if x.is_cuda and _mm_out_dtype is not False:
+    if x.is_cuda and _mm_out_dtype is None:
         try:
             out = torch.mm(x, w.t(), out_dtype=torch.float32)
         except (TypeError, NotImplementedError) as exc:  # older torch: no out_dtype for mm
@@ -297,80 +367,284 @@ def _mm_fp32(x: Any, w: Any) -> Any:
     return torch.mm(x.float(), w.float().t())
 
 
-def router_gemm(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """MoE router logits: ``hidden[M,K] bf16 . weight[N,K]^T -> [M,N] float32`` on every path."""
+_F_linear: Any = None  # torch.nn.functional.linear, bound by register()
+_torch: Any = None  # the torch module, bound by register()
+_F32: Any = None  # torch.float32, bound by register()
+
+
+def _linear(x: Any, w: Any) -> Any:
+    """``x . w^T`` in bf16 with fp32 accumulation (cuBLAS / the CPU BLAS)."""
+    return _F_linear(x, w)
+
+
+FP8_CHUNK_ELEMENTS: Final = 1 << 24  # weight elements dequantised at a time: 32 MB of bf16
+
+
+def _fp8_fallback(x: Any, w: Any, scale: Any) -> Any:
+    """``x . (w * scale)^T -> bf16``, as precise as the kernel and without a full-size dequantised copy.
+
+    e4m3 -> bf16 is exact, so each chunk of rows is dequantised to bf16 (at most
+    :data:`FP8_CHUNK_ELEMENTS` elements), multiplied with fp32 accumulation into fp32, scaled in fp32
+    after the product, and rounded to bf16 once.
+    """
     import torch
 
-    _check("hidden", hidden, torch.bfloat16)
-    _check("weight", weight, torch.bfloat16)
-    _same_device(("hidden", hidden), ("weight", weight))
-    m, k = hidden.shape
-    n, k2 = weight.shape
-    if k != k2:
-        raise ValueError(f"hidden has K={k} but weight has K={k2}")
-    if hidden.is_cuda:
-        t = _table(hidden.device.index)
-        if 1 <= m <= t.router_max and k % 8 == 0 and "router_gemm" not in t.failed and _launchable(t, "router_gemm", hidden, weight):
-            out = torch.empty((m, n), dtype=torch.float32, device=hidden.device)
-            if _run_kernel(t, "router_gemm", out, hidden, weight, None, m, n, k):
-                t.count("router_gemm", "kernel")
-                return out
-        t.count("router_gemm", "fallback")
-    return _mm_fp32(hidden, weight)
-
-
-def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Decode GEMV: ``x[1,K] bf16 . w[N,K]^T -> [1,N] bf16`` with fp32 accumulation."""
-    import torch
-
-    _check("x", x, torch.bfloat16)
-    _check("w", w, torch.bfloat16)
-    _same_device(("x", x), ("w", w))
-    if x.shape[0] != 1:
-        raise ValueError(f"gemv takes x of shape [1, K], got {tuple(x.shape)}; use linear for M > 1")
-    k = x.shape[1]
-    n = w.shape[0]
-    if w.shape[1] != k:
-        raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
-    if x.is_cuda:
-        t = _table(x.device.index)
-        if t.gemv is not None and t.gemv.ok(n, k) and "gemv" not in t.failed and _launchable(t, "gemv", x, w):
-            out = torch.empty((1, n), dtype=torch.bfloat16, device=x.device)
-            if _run_kernel(t, "gemv", out, x, w, None, 1, n, k):
-                t.count("gemv", "kernel")
-                return out
-        t.count("gemv", "fallback")
-    return torch.nn.functional.linear(x, w)
-
-
-def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x[1,K] bf16 . (w[N,K] e4m3 * scale)^T -> [1,N] bf16``; scale per tensor ([] or [1]) or per row ([N])."""
-    import torch
-
-    _check("x", x, torch.bfloat16)
-    _check("w", w, torch.float8_e4m3fn)
-    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
-        raise ValueError(f"scale must be a float32 tensor, got {getattr(scale, 'dtype', type(scale).__name__)}")
-    _same_device(("x", x), ("w", w), ("scale", scale))
-    if x.shape[0] != 1:
-        raise ValueError(f"fp8_gemv takes x of shape [1, K], got {tuple(x.shape)}")
-    k = x.shape[1]
-    n = w.shape[0]
-    if w.shape[1] != k:
-        raise ValueError(f"x has K={k} but w has K={w.shape[1]}")
-    if scale.numel() == 1:
-        mode = TENSOR_SCALE
-    elif scale.dim() == 1 and scale.numel() == n:
-        mode = ROW_SCALE
+    n, k = w.shape
+    rows = max(1, FP8_CHUNK_ELEMENTS // max(k, 1))
+    if rows >= n:
+        acc = _mm_fp32(x, w.to(torch.bfloat16))
     else:
-        raise ValueError(f"scale must have 1 element (per tensor) or N={n} elements (per row), got shape {tuple(scale.shape)}")
-    if x.is_cuda:
-        t = _table(x.device.index)
-        if t.fp8 is not None and t.fp8.ok(n, k) and k % 16 == 0 and "fp8_gemv" not in t.failed and _launchable(t, "fp8_gemv", x, w, scale):
-            out = torch.empty((1, n), dtype=torch.bfloat16, device=x.device)
-            if _run_kernel(t, "fp8_gemv", out, x, w, scale, 1, n, k, mode):
-                t.count("fp8_gemv", "kernel")
-                return out
-        t.count("fp8_gemv", "fallback")
-    w_deq = (w.to(torch.float32) * scale.reshape(-1, 1)).to(torch.bfloat16)
-    return torch.nn.functional.linear(x, w_deq)
+        acc = torch.empty((x.shape[0], n), dtype=torch.float32, device=x.device)
+        for i in range(0, n, rows):
+            acc[:, i:i + rows] = _mm_fp32(x, w[i:i + rows].to(torch.bfloat16))
+    acc.mul_(scale.reshape(1, -1) if scale.numel() == n and n != 1 else scale.reshape(()))
+    return acc.to(torch.bfloat16)
+
+
+# --- the ops -------------------------------------------------------------------------------------
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int, int, int]:
+    """Check the arguments against the op's contract; returns (M, N, K, scale mode). Errors name the argument."""
+    import torch
+
+    xn, wn = op.args[0], op.args[1]
+    for name, t in ((xn, x), (wn, w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op.name}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dtype != _dtype(op.x_dtype):
+        raise ValueError(f"{op.name}: {xn} must be torch.{op.x_dtype}, got {x.dtype}")
+    if w.dtype != _dtype(op.w_dtype):
+        raise ValueError(f"{op.name}: {wn} must be torch.{op.w_dtype}, got {w.dtype}")
+    if w.dim() != 2:
+        raise ValueError(f"{op.name}: {wn} must have 2 dimensions [N, K], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"{op.name}: {xn} must be [..., K] with K={k} (from {wn} {tuple(w.shape)}), got {tuple(x.shape)}")
+    dev = x.device
+    if w.device != dev:
+        raise ValueError(f"{op.name}: {wn} is on {w.device} but {xn} is on {dev}; put them on one device")
+    m = math.prod(x.shape[:-1])
+    mode = NO_SCALE
+    if op.scaled:
+        sn = op.args[2]
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+            raise ValueError(f"{op.name}: {sn} must be a float32 tensor, got {getattr(scale, 'dtype', type(scale).__name__)}")
+        if scale.device != dev:
+            raise ValueError(f"{op.name}: {sn} is on {scale.device} but {xn} is on {dev}; put them on one device")
+        if scale.numel() == 1 and scale.dim() <= 1:
+            mode = TENSOR_SCALE
+        elif scale.dim() == 1 and scale.numel() == n:
+            mode = ROW_SCALE
+        else:
+            raise ValueError(f"{op.name}: {sn} must have 1 element (per tensor) or N={n} elements (per row), got shape {tuple(scale.shape)}")
+    if out is not None:
+        want = (*x.shape[:-1], n)
+        if not isinstance(out, torch.Tensor) or out.dtype != _dtype(op.out_dtype) or tuple(out.shape) != want or out.device != dev:
+            got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{op.name}: out must be torch.{op.out_dtype} of shape {want} on {dev}, got {got}")
+    return m, n, k, mode
+
+
+_DTYPES: dict[str, tuple[Any, Any, Any]] = {}  # op -> (x, w, out) torch dtypes, filled by register()
+
+
+def _run(op: OpDef, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """The eager implementation of every op: validate, route, run the kernel or the fallback.
+
+    The common call (2-D x, no ``out``, a 1-element or per-row scale) is checked inline with a few
+    identity and integer comparisons; anything else, or anything wrong, goes through
+    :func:`_validate`, which says what. Devices of x and w are compared before a launch; on the
+    fallback path torch reports a mismatch itself.
+    """
+    xdt, wdt, odt = _DTYPES[op.name]
+    mode = NO_SCALE
+    res: torch.Tensor
+    try:
+        n, k = w.shape
+        m, xk = x.shape
+        fast = out is None and x.dtype is xdt and w.dtype is wdt and xk == k
+        if scale is not None and fast:  # the scaled ops' common call: a per-tensor or per-row fp32 scale
+            sn = scale.numel()
+            mode = TENSOR_SCALE if sn == 1 and scale.dim() <= 1 else ROW_SCALE if sn == n and scale.dim() == 1 else NO_SCALE
+            fast = mode != NO_SCALE and scale.dtype is _F32 and scale.get_device() == x.get_device()
+        elif wdt is not xdt:  # a scaled op called without its scale: _validate says so
+            fast = False
+    except (AttributeError, ValueError, TypeError):
+        fast = False
+    if fast:
+        x2, o2 = x, None
+    else:
+        m, n, k, mode = _validate(op, x, w, scale, out)
+        x2 = x if x.dim() == 2 else x.reshape(m, k)
+        o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
+    idx = x.get_device()
+    if idx < 0:
+        idx = _cpu_index
+    gate: str | None = "cpu"
+    if idx >= 0:
+        t = _tables.get(idx)  # hwprofile.reset() clears the tables with the profiles
+        if t is None:
+            t = _table(idx)
+        r = t.routes[op.name]
+        gate = route(r, m, n, k, (x2, w, scale) if fast else (x2, w, scale, o2) if out is not None else (x2, w, scale))
+        if gate is None and w.get_device() != x.get_device():
+            _validate(op, x, w, scale, out)  # raises, naming both devices (the fallback lets torch say it)
+        if gate is None:
+            res = o2 if o2 is not None else x.new_empty((m, n), dtype=odt)
+            if _launch(t, op.name, res, x2, w, scale, m, n, k, mode):
+                r.counts["kernel"] += 1
+                return out if out is not None else res if x2 is x else res.view(*x.shape[:-1], n)
+            gate = "failed"
+        r.counts["fallback"] += 1
+    if gate == "empty":
+        res = x.new_zeros((m, n), dtype=odt)
+    elif mode != NO_SCALE:
+        res = _fp8_fallback(x2, w, scale)
+    elif odt is not xdt:
+        res = _mm_fp32(x2, w)
+    else:
+        res = _F_linear(x2, w)  # _linear, without one Python call
+    if out is not None:
+        out.copy_(res.view(out.shape))
+        return out
+    return res if x2 is x else res.view(*x.shape[:-1], n)
+
+
+def router_gemm(hidden: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """MoE router logits: ``hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32`` on every path."""
+    if _compiling():
+        return _traced(ROUTER_GEMM, out, hidden, weight)
+    return _run(ROUTER_GEMM, hidden, weight, None, out)
+
+
+def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[..., K] bf16 . w[N, K]^T -> [..., N] float32``; small M may use the plugin kernel."""
+    if _compiling():
+        return _traced(LINEAR_BF16_FP32, out, x, w)
+    return _run(LINEAR_BF16_FP32, x, w, None, out)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode GEMV: ``x[..., K] bf16 . w[N, K]^T -> [..., N] bf16`` with fp32 accumulation (kernel at M = 1)."""
+    if _compiling():
+        return _traced(GEMV, out, x, w)
+    return _run(GEMV, x, w, None, out)
+
+
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16``; scale per tensor ([] or [1]) or per row ([N])."""
+    if _compiling():
+        return _traced(FP8_GEMV, out, x, w, scale)
+    return _run(FP8_GEMV, x, w, scale, out)
+
+
+# --- torch custom ops (torch.compile, CUDA graphs) -----------------------------------------------
+
+_custom: dict[str, Any] = {}  # op name -> torch.ops.hwprofile.<op>
+_register_lock = threading.Lock()
+_library: Any = None
+
+
+def register() -> None:
+    """Register ``torch.ops.hwprofile.<op>`` for every op (idempotent; imports torch).
+
+    It runs by itself when this module is imported after torch, or at the first lookup of an op
+    (``ops.router_gemm``), which dynamo performs for real even while it traces.
+    """
+    global _library, _compiling
+    if _custom:
+        return
+    import torch
+
+    with _register_lock:
+        if _custom:
+            return
+        global _F_linear, _torch, _F32
+        _F_linear, _torch, _F32 = torch.nn.functional.linear, torch, torch.float32
+        for op in OPS.values():
+            _DTYPES[op.name] = (getattr(torch, op.x_dtype), getattr(torch, op.w_dtype), getattr(torch, op.out_dtype))
+        library: Any = torch.library.Library  # untyped in some torch builds
+        lib = library("hwprofile", "FRAGMENT")
+        for op in OPS.values():
+            _define(torch, lib, op)
+        _library = lib
+        _compiling = torch.compiler.is_compiling
+        globals().update(_PUBLIC)
+
+
+def _define(torch: Any, lib: Any, op: OpDef) -> None:
+    params = ", ".join(f"Tensor {a}" for a in op.args)
+    lib.define(f"{op.name}({params}) -> Tensor")
+    out_dtype = getattr(torch, op.out_dtype)
+
+    if op.scaled:
+        def impl(x: Any, w: Any, scale: Any) -> Any:
+            return _run(op, x, w, scale, None)
+
+        def fake(x: Any, w: Any, scale: Any) -> Any:
+            _validate(op, x, w, scale, None)
+            return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
+    else:
+        def impl(x: Any, w: Any) -> Any:  # type: ignore[misc]
+            return _run(op, x, w, None, None)
+
+        def fake(x: Any, w: Any) -> Any:  # type: ignore[misc]
+            _validate(op, x, w, None, None)
+            return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
+
+    lib.impl(op.name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"hwprofile::{op.name}", fake, lib=lib)
+    _custom[op.name] = getattr(torch.ops.hwprofile, op.name).default
+
+
+def _not_registered() -> bool:
+    raise AssertionError("hwprofile.ops: an op ran before register()")  # unreachable: the ops are reached through __getattr__
+
+
+_compiling: Callable[[], bool] = _not_registered  # torch.compiler.is_compiling once registered
+
+
+def _traced(op: OpDef, out: torch.Tensor | None, *args: torch.Tensor) -> torch.Tensor:
+    """What torch.compile traces: the custom op (opaque, with a fake implementation), then ``out``."""
+    res: torch.Tensor = _custom[op.name](*args)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+# The public ops are reached through the module's __getattr__ (PEP 562) until the custom ops are
+# registered: an attribute lookup runs for real even while dynamo traces (a call in a traced frame
+# would be traced, and registering cannot be), so the first ``ops.router_gemm`` registers, then
+# binds the functions here and later lookups are plain.
+_PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, linear_bf16_fp32, gemv, fp8_gemv)}
+del router_gemm, linear_bf16_fp32, gemv, fp8_gemv
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+def __getattr__(name: str) -> Any:
+    fn = _PUBLIC.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'hwprofile.ops' has no attribute {name!r}")
+    register()
+    return fn
+
+
+if TYPE_CHECKING:  # for type checkers: the public ops as declared above
+    router_gemm = _PUBLIC["router_gemm"]
+    linear_bf16_fp32 = _PUBLIC["linear_bf16_fp32"]
+    gemv = _PUBLIC["gemv"]
+    fp8_gemv = _PUBLIC["fp8_gemv"]
+
+if "torch" in sys.modules:  # torch is already paid for: register now
+    register()

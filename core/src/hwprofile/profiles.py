@@ -226,9 +226,24 @@ def _current_device_index() -> int:
     return 0
 
 
-def profile(device: int | None = None) -> Profile:
-    """The frozen profile of CUDA device ``device`` (default: the current one), cached per process."""
-    index = _current_device_index() if device is None else int(device)
+def device_index(device: Any) -> int:
+    """The CUDA index named by ``device``: an int, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` (read, not imported)."""
+    if isinstance(device, int):
+        return device
+    kind, index = (device.partition(":")[::2]) if isinstance(device, str) else (getattr(device, "type", None), getattr(device, "index", None))
+    if kind == "cuda" and (index is None or index == "" or str(index).isdigit()):
+        return _current_device_index() if index in (None, "") else int(index)
+    from .errors import DeviceError
+
+    raise DeviceError(f"device {device!r} is not a CUDA device: pass an index, 'cuda', 'cuda:N' or torch.device('cuda', N)")
+
+
+def profile(device: int | str | Any = None) -> Profile:
+    """The frozen profile of CUDA device ``device`` (default: the current one), cached per process.
+
+    ``device`` is an index, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``.
+    """
+    index = _current_device_index() if device is None else device_index(device)
     with _lock:
         cached = _profiles.get(index)
         if cached is not None:

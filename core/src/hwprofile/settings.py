@@ -12,10 +12,13 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ._record import Record, _set, final
 from .errors import SettingError
+
+if TYPE_CHECKING:
+    from .stamps import Stamp
 
 #: A setting's type, as declared.
 SettingType = Literal["bool", "int", "float", "str", "enum"]
@@ -160,9 +163,9 @@ class Value(Record):
     #: Why this value (for a threshold: what it was measured against); shown by ``hwprofile explain``.
     reason: str
     #: What a measured value was measured against (a ``Stamp``), or ``None``.
-    stamp: Any
+    stamp: Stamp | None
 
-    def __init__(self, value: Any, reason: str = "", stamp: Any = None) -> None:
+    def __init__(self, value: Any, reason: str = "", stamp: Stamp | None = None) -> None:
         _set(self, "value", value)
         _set(self, "reason", reason)
         _set(self, "stamp", stamp)
@@ -204,14 +207,14 @@ class Layer(Record):
     value: Any
     reason: str
     #: What the value was measured against, or ``None``.
-    stamp: Any
+    stamp: Stamp | None
     #: What changed since it was measured, in words; ``""`` when nothing did (or it was not measured).
     stale: str
     #: ``False`` for a recorded value that does not win (a stale tuned value).
     applied: bool
 
     def __init__(
-        self, kind: LayerKind, source: str, value: Any, reason: str = "", stamp: Any = None, stale: str = "", applied: bool = True
+        self, kind: LayerKind, source: str, value: Any, reason: str = "", stamp: Stamp | None = None, stale: str = "", applied: bool = True
     ) -> None:
         _set(self, "kind", kind)
         _set(self, "source", source)
@@ -313,55 +316,18 @@ class ResolvedEnvDefault(Record):
 
 # --- core declarations ---------------------------------------------------------------------------
 
-_GEMV_DOC = "bf16 GEMV kernel (M = 1)"
-_FP8_DOC = "FP8 e4m3 GEMV kernel (M = 1)"
 
+def _op_settings() -> tuple[Setting, ...]:
+    """The ops' settings, declared once in the op table (``hwprofile.optable``)."""
+    from .optable import setting_declarations
 
-def _gemv_bounds(op: str, what: str) -> list[Setting]:
-    return [
-        Setting(f"{op}.min_k", "int", 512, f"smallest K the {what} takes", minimum=1, maximum=1 << 20),
-        Setting(f"{op}.max_k", "int", 17408, f"largest K the {what} takes (x is staged in shared memory)", minimum=1, maximum=1 << 20),
-        Setting(f"{op}.k_multiple", "int", 512, f"K must be a multiple of this for the {what}", minimum=1, maximum=1 << 16),
-        Setting(f"{op}.n_multiple", "int", 8, f"N must be a multiple of this for the {what}", minimum=1, maximum=1 << 16),
-        Setting(f"{op}.min_n", "int", 64, f"smallest N the {what} takes", minimum=1, maximum=1 << 24),
-        Setting(f"{op}.max_n", "int", 65536, f"largest N the {what} takes", minimum=1, maximum=1 << 24),
-        Setting(
-            f"{op}.cublas_roof_n_min", "int", 12288,
-            f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used", minimum=0, maximum=1 << 24,
-        ),
-        Setting(
-            f"{op}.cublas_roof_n_max", "int", 32768,
-            "up to this N (exclusive) the fallback is near the bandwidth roof; equal to the min to disable the gap",
-            minimum=0, maximum=1 << 24,
-        ),
-    ]
+    return tuple(Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations())
 
 
 CORE_SETTINGS: tuple[Setting, ...] = (
     Setting("deterministic", "bool", False, "keep every op on its torch fallback (deterministic-inference mode)"),
     Setting("strict", "bool", False, "raise instead of warning and falling back when a kernel fails or a tuned value is stale"),
-    Setting(
-        "router_gemm.max_tokens", "int", 16,
-        "largest M the JIT router GEMM is dispatched for; measured against the fp32-output cuBLAS fallback",
-        minimum=0, maximum=16,
-    ),
-    Setting(
-        "linear_bf16_fp32.max_tokens", "int", 0,
-        "largest M for which linear_bf16_fp32 uses the plugin's small-M kernel instead of cuBLAS (0: never)",
-        minimum=0, maximum=16,
-    ),
-    Setting(
-        "linear_bf16_fp32.max_n", "int", 1 << 24,
-        "largest N for which linear_bf16_fp32 uses the small-M kernel (wider layers stay on cuBLAS)",
-        minimum=0, maximum=1 << 24,
-    ),
-    Setting(
-        "gemv.split_k", "bool", False,
-        "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)",
-        bit_identical=False,
-    ),
-    *_gemv_bounds("gemv", _GEMV_DOC),
-    *_gemv_bounds("fp8_gemv", _FP8_DOC),
+    *_op_settings(),
 )
 
 
@@ -394,7 +360,7 @@ class SettingsResolver:
 
     def add(
         self, kind: LayerKind, source: str, values: Mapping[str, Any] | None, *, who: str,
-        check: Callable[[str, Any], str] | None = None, stamp: Any = None, drop_stale: bool = False,
+        check: Callable[[str, Stamp], str] | None = None, stamp: Stamp | None = None, drop_stale: bool = False,
     ) -> None:
         """Add one layer; ``who`` names the supplier in errors (plugin label, file path).
 

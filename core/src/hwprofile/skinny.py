@@ -1,10 +1,11 @@
-"""Launch planning for the shared skinny-GEMM kernel family (``include/hwprofile/gemv.cuh``).
+"""Launch planning for the shared skinny-GEMM kernel bodies (``include/hwprofile/gemv.cuh``); never launches.
 
 Architecture plugins describe their SM (multiprocessor count, shared memory per block, largest
-portable cluster) in an :class:`ArchTuning` and get the four op kernels (router GEMM, fp32-output
-linear, bf16 GEMV, FP8 GEMV) as :class:`~hwprofile.jit.KernelSpec` objects whose ``configure``
-picks tile sizes and the split-K factor for a shape. The kernel source each plugin ships includes
-the shared header and checks its constants against the SM's limits at compile time.
+portable cluster, the prefix of their entry points) in an :class:`ArchTuning` and get the four op
+kernels (router GEMM, fp32-output linear, bf16 GEMV, FP8 GEMV) as :class:`~hwprofile.jit.KernelSpec`
+objects whose ``configure`` picks tile sizes and the split-K factor for a shape. Each plugin's
+source declares the ``<prefix>_skinny_mma`` and ``<prefix>_gemv_simt`` entry points with
+static_asserts for its SM's limits; the dynamic shared memory is checked here.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 from functools import partial
 from typing import NamedTuple
 
+from . import optable
 from .kernelspec import KernelSpec, Launch
-
-NO_SCALE, TENSOR_SCALE, ROW_SCALE = 0, 1, 2
+from .optable import NO_SCALE as NO_SCALE  # re-exported for plugins
+from .optable import ROW_SCALE as ROW_SCALE
+from .optable import TENSOR_SCALE as TENSOR_SCALE
 
 
 class ArchTuning(NamedTuple):
@@ -23,6 +26,7 @@ class ArchTuning(NamedTuple):
     sm_count: int
     max_shared_bytes: int  # opt-in shared memory per block
     max_cluster: int = 8  # portable cluster size
+    prefix: str = "hwp"  # entry points <prefix>_skinny_mma / <prefix>_gemv_simt in the plugin's source
     # tensor-core kernel (fp32 out, M <= 16): 8 warps x one n8 tile, 4 chunks per batch
     mma_warps: int = 8
     mma_nt: int = 1
@@ -58,19 +62,24 @@ def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: i
             while ksplit < t.max_cluster and groups * ksplit < t.mma_blocks_per_sm * t.sm_count and chunks >= 2 * ksplit * t.mma_warps:
                 ksplit *= 2
         mt = 1 if m <= 8 else 2
-        expr = f"hwp_skinny_mma<{f8}, {tout}, {mt}, {t.mma_warps}, {t.mma_nt}, {ksplit}, {t.mma_unroll}, {scale}>"
+        expr = f"{t.prefix}_skinny_mma<{f8}, {tout}, {mt}, {t.mma_warps}, {t.mma_nt}, {ksplit}, {t.mma_unroll}, {scale}>"
         return Launch(expr, (groups, ksplit, 1), (t.mma_warps * 32, 1, 1), 0)
     if m != 1:
         raise ValueError(f"the bf16-output GEMV kernels take M = 1, got M={m}")
     rows = t.simt_warps * t.simt_rows
     groups = -(-n // rows)
     ksplit = 2 if split_k and groups < t.simt_split_below * t.sm_count and k // vec >= 64 else 1
-    per = -(-(k // vec) // ksplit)
-    smem = per * (2 if fp8 else 1) * 16
+
+    def x_slice(ks: int) -> int:  # bytes of x each block stages in shared memory
+        return -(-(k // vec) // ks) * (2 if fp8 else 1) * 16
+
+    while split_k and x_slice(ksplit) > t.max_shared_bytes and ksplit < t.max_cluster:
+        ksplit *= 2  # a wider cluster split shrinks the slice until it fits
+    smem = x_slice(ksplit)
     if smem > t.max_shared_bytes:
-        raise ValueError(f"x slice of {smem} bytes exceeds this SM's {t.max_shared_bytes} bytes of shared memory (K={k})")
+        raise ValueError(f"x slice of {smem} bytes exceeds this SM's {t.max_shared_bytes} bytes of shared memory (K={k}, split-K {ksplit})")
     unroll = t.fp8_unroll if fp8 else t.simt_unroll
-    expr = f"hwp_gemv_simt<{f8}, {tout}, 1, {t.simt_warps}, {t.simt_rows}, {ksplit}, {unroll}, {scale}>"
+    expr = f"{t.prefix}_gemv_simt<{f8}, {tout}, 1, {t.simt_warps}, {t.simt_rows}, {ksplit}, {unroll}, {scale}>"
     return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
 
 
@@ -85,14 +94,16 @@ def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ..
     instances cover the canonical shapes with split-K on and off.
     """
     kinds = {
-        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16", ROUTER_SHAPES, False, "float", (NO_SCALE,)),
-        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)], False, "float", (NO_SCALE,)),
-        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES], False, "bf16", (NO_SCALE,)),
-        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES], True, "bf16", (TENSOR_SCALE, ROW_SCALE)),
+        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16", ROUTER_SHAPES),
+        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)]),
+        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES]),
+        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES]),
     }
     specs = []
     for op in ops:
-        doc, shapes, fp8, out, scales = kinds[op]
+        doc, shapes = kinds[op]
+        d = optable.get(op)  # dtypes and scale modes: declared once, in the op table
+        fp8, out, scales = d.scaled, d.kernel_out, d.scale_modes
         exprs = {
             plan(t, m=m, n=n, k=k, fp8=fp8, out=out, scale=sc, split_k=sk).name_expression
             for m, n, k in shapes

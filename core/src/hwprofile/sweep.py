@@ -118,15 +118,22 @@ def predicate_box(points: Iterable[Point], ties: str = "fallback") -> tuple[int,
 
 
 def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[str, int], list[str]]:
-    """The settings a sweep of ``op`` decides."""
-    if op in ("router_gemm", "linear_bf16_fp32"):
+    """The settings a sweep of ``op`` decides: its threshold and the bounds of the region it measured.
+
+    Outside the measured N and K the op keeps its fallback (nobody measured there).
+    """
+    from .optable import get
+
+    d = get(op)
+    ns, ks = [p.n for p in points], [p.k for p in points]
+    if d.threshold == "max_tokens":
         m, notes = max_tokens(points, ties)
-        out = {f"{op}.max_tokens": m}
-        if op == "linear_bf16_fp32":
-            out[f"{op}.max_n"] = max(p.n for p in points)
-        return out, notes
+        return {f"{op}.max_tokens": m, f"{op}.min_n": min(ns), f"{op}.max_n": max(ns), f"{op}.min_k": min(ks), f"{op}.max_k": max(ks)}, notes
     n, k, notes = predicate_box(points, ties)
-    return {f"{op}.max_n": n, f"{op}.max_k": k, f"{op}.cublas_roof_n_min": 0, f"{op}.cublas_roof_n_max": 0}, notes
+    out = {f"{op}.min_n": min(ns), f"{op}.max_n": n, f"{op}.min_k": min(ks), f"{op}.max_k": k}
+    if d.roof is not None:
+        out.update({b: 0 for b in d.roof if isinstance(b, str)})
+    return out, notes
 
 
 def replay_times(fn: Callable[[int], Any], calls: int, reps: int, dev: Any) -> list[float]:
@@ -194,37 +201,36 @@ class GpuTimer:
         return point
 
     def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[list[float], list[float]]:
+        from .optable import get
+
         torch, ops = self.torch, self.ops
-        fp8 = op == "fp8_gemv"
+        d = get(op)
+        fp8 = d.scaled
         wbytes = n * k * (1 if fp8 else 2)
         copies = max(2, min(64, -(-self.rotate // wbytes)))
-        wdt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        wdt = getattr(torch, d.w_dtype)
         ws = [(torch.randn(n, k, device=self.dev) * (3 if fp8 else 1)).to(wdt) for _ in range(copies)]
         scales = [torch.rand(n, device=self.dev) + 0.5 for _ in ws] if fp8 else None
         x = torch.randn(m, k, device=self.dev).bfloat16()
-        out_dtype = torch.float32 if op in ("router_gemm", "linear_bf16_fp32") else torch.bfloat16
-        out = torch.empty(m, n, device=self.dev, dtype=out_dtype)
-        mode = ops.ROW_SCALE if fp8 else ops.NO_SCALE
+        out = torch.empty(m, n, device=self.dev, dtype=getattr(torch, d.out_dtype))
+        mode = d.scale_modes[-1]  # per-row scale where the op has scales
         kernel: list[float] = []
-        kernel_ok = op in self.prof.kernels and m <= 16 and (m == 1 or op in ("router_gemm", "linear_bf16_fp32"))
+        kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
         if kernel_ok and ops._run_kernel(self.table, op, out, x, ws[0], scales[0] if scales else None, m, n, k, mode):
             kernel = self._graph(lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies)
-        if op in ("router_gemm", "linear_bf16_fp32"):
-            fallback = self._graph(lambda i: ops._mm_fp32(x, ws[i]), copies)
-        elif op == "gemv":
-            fallback = self._graph(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
+        fallback_fn = getattr(ops, d.fallback_impl)  # the op's fallback, as the op table names it
+        if scales is not None:
+            fallback = self._graph(lambda i: fallback_fn(x, ws[i], scales[i]), copies)
         else:
-            fallback = self._graph(lambda i: torch.nn.functional.linear(x, (ws[i].float() * scales[i][:, None]).bfloat16()), copies)
+            fallback = self._graph(lambda i: fallback_fn(x, ws[i]), copies)
         return kernel, fallback
 
 
 def default_grid(op: str) -> list[tuple[int, int, int]]:
-    if op in ("router_gemm", "linear_bf16_fp32"):
-        ns = (256, 384) if op == "router_gemm" else (256, 4096)
-        return [(m, n, 7168) for m in range(1, 17) for n in ns]
-    if op == "fp8_gemv":  # wide N too: the fallback dequantises, so the kernel should win everywhere
-        return [(1, n, k) for n in (2048, 4096, 7168, 12288, 28672, 57344) for k in (2048, 4096, 7168)] + [(1, 152064, 5120)]
-    return [(1, n, k) for n in (2048, 4096, 7168, 12288, 16384, 28672) for k in (2048, 4096, 7168, 16384)]
+    """The op table's sweep grid for ``op``."""
+    from .optable import get
+
+    return list(get(op).grid)
 
 
 def run(prof: Any, op: str, grid: Sequence[tuple[int, int, int]], timer: Timer, ties: str = "fallback",
@@ -283,7 +289,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     op = doc["stamp"]["op"]
     ms = doc["measurements"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    if op in ("router_gemm", "linear_bf16_fp32"):
+    if doc["thresholds"].get(f"{op}.max_tokens") is not None:
         for n in sorted({r["n"] for r in ms}):
             rs = [r for r in ms if r["n"] == n]
             ax.plot([r["m"] for r in rs], [r["kernel_us"] for r in rs], "o-", label=f"kernel N={n}")
@@ -300,7 +306,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set(xscale="log", xlabel="N", ylabel="fallback time / kernel time (>1: kernel faster)")
     st = doc["stamp"]
     ax.set_title(f"{op} on {st['device']} vs {st['fallback']['function']} (torch {st['fallback']['torch']})", fontsize=9)
-    if op in ("router_gemm", "linear_bf16_fp32"):
+    if doc["thresholds"].get(f"{op}.max_tokens") is not None:
         ax.set_ylabel("GPU time per call, us")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import _state
 from ._log import get_logger
 from .errors import SettingError
+from .optable import OPS
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
@@ -51,12 +52,7 @@ STRICT_ENV = "HWPROFILE_STRICT"
 MAX_TUNED_BYTES = 1 << 20
 SAMPLES_DIR = "samples"
 
-FALLBACK_FUNCTION = {
-    "router_gemm": "torch.mm(out_dtype=torch.float32)",
-    "linear_bf16_fp32": "torch.mm(out_dtype=torch.float32)",
-    "gemv": "torch.nn.functional.linear",
-    "fp8_gemv": "dequantise + torch.nn.functional.linear",
-}
+FALLBACK_FUNCTION = {name: op.fallback for name, op in OPS.items()}  # declared once, in the op table
 _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 _UNKNOWN = ("", "unknown", "not installed")
 _LIBRARIES = ("torch", "cublas", "cublaslt")

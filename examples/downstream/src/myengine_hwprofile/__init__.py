@@ -36,10 +36,14 @@ def hwprofile_declare_settings() -> list[Setting]:
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "router_gemm.max_tokens": Value(min(8, resolved["router_gemm.max_tokens"]), "myengine: at most 8 speculative tokens reach the router"),
+        "router_gemm.max_tokens": Value(
+            min(8, resolved["router_gemm.max_tokens"]), "myengine: at most 8 speculative tokens reach the router"
+        ),
     }
     if device.compute_capability in SM12X:
-        out["myengine.fused_shared_experts"] = Value(True, "SM12x: unfused path is an fp32 SIMT GEMM (~14% of decode); ~99 KB smem fits the fused tile")
+        out["myengine.fused_shared_experts"] = Value(
+            True, "SM12x: unfused path is an fp32 SIMT GEMM (~14% of decode); ~99 KB smem fits the fused tile"
+        )
     return out
 
 

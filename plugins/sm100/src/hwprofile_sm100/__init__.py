@@ -13,7 +13,7 @@ from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, Kerne
 
 NAME = "sm100"
 # B200 has 148 SMs; B300 and GB300 at least as many. 227 KB opt-in shared memory per block.
-TUNING = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, max_cluster=8)
+TUNING = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, max_cluster=8, prefix="hwp100")
 _ARCH_LIST = {(10, 0): "10.0a", (10, 3): "10.3a"}
 
 
@@ -28,7 +28,7 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
     return {
         # History: cut to 4 after a sweep against an older bf16-output fallback, restored to 16 once
         # the fallback became the fp32-output linear (kernel wins to M = 12, ties to 16).
-        "router_gemm.max_tokens": Value(16, f"measured on SM100 against {against}: kernel wins at M <= 12, ties at 13-16"),
+        "router_gemm.max_tokens": Value(16, f"from the design guide's engine history (that engine's JIT router kernel on SM100 against {against}: wins at M <= 12, ties at 13-16); hwprofile's kernel is not yet measured on SM100"),
         "linear_bf16_fp32.max_tokens": Value(8, f"conservative until measured on SM100 against {against}"),
         "gemv.split_k": Value(True, "spread small N over 148 SMs with cluster split-K; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
         "gemv.cublas_roof_n_min": Value(12288, "assumed as on Hopper until swept on SM100"),
@@ -49,4 +49,4 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
-    return kernel_specs(__name__, "kernels/skinny_gemm.cu", TUNING)
+    return kernel_specs(__name__, "kernels/sm100_gemv.cu", TUNING)

@@ -15,8 +15,8 @@ from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, Kerne
 NAME = "sm120"
 _SMEM = 99 * 1024  # opt-in shared memory per block on SM12x
 _TUNING = {
-    (12, 0): ArchTuning(sm_count=188, max_shared_bytes=_SMEM, max_cluster=8),  # RTX PRO 6000
-    (12, 1): ArchTuning(sm_count=48, max_shared_bytes=_SMEM, max_cluster=8),  # DGX Spark GB10
+    (12, 0): ArchTuning(sm_count=188, max_shared_bytes=_SMEM, max_cluster=8, prefix="hwp120"),  # RTX PRO 6000
+    (12, 1): ArchTuning(sm_count=48, max_shared_bytes=_SMEM, max_cluster=8, prefix="hwp120"),  # DGX Spark GB10
 }
 
 
@@ -52,4 +52,4 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     tuning = _TUNING.get(device.compute_capability, _TUNING[(12, 0)])
-    return kernel_specs(__name__, "kernels/skinny_gemm.cu", tuning)
+    return kernel_specs(__name__, "kernels/sm120_gemv.cu", tuning)

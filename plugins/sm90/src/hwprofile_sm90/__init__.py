@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Stamp, Value, hookimpl, kernel_specs
+from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Stamp, Value, hookimpl
 
 NAME = "sm90"
-TUNING = ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, max_cluster=8)
 
 
 @hookimpl
@@ -20,43 +19,56 @@ def hwprofile_arch() -> ArchSpec:
     return ArchSpec({(9, 0): "sm_90a"}, "NVIDIA Hopper (H100, H200, H20): wgmma, TMA, clusters, 227 KB smem/block")
 
 
-# Every measured threshold carries the stamp of the sweep it came from (benchmarks/h200/sweeps/*.toml,
-# `hwprofile sweep OP` on the lent H200, 2026-11-30). hwprofile reports a value as stale when the
-# device, this plugin's version, the kernel source or the fallback (torch, cuBLAS) changes.
+# Every measured threshold carries the stamp of the sweep it came from (benchmarks/h200/kernels/sweeps/*.toml:
+# `hwprofile sweep OP` on the lent H200 with kernels/sm90_gemv.cu, 2026-11-30, benchmarks/h200_final.sh).
+# hwprofile reports a value as stale when the device, this plugin's version, the kernel source or the
+# fallback (torch, cuBLAS) changes.
 _H200: dict[str, Any] = {
     "device": "NVIDIA H200 sm_90 140 GiB",
     "compute_capability": (9, 0),
     "plugin": NAME,
     "plugin_version": "0.1.0",
-    "kernel": "3393218f5c1aad15269b853b94443cdb34873642ae2a25fa9393e451c224792b",
+    "kernel": "49c753f4f64ace9faa49ac065430a40407a4ba6e93a1e61a1bfe8167a7782d18",
     "date": "2026-11-30",
 }
 _LIBS = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
 ROUTER = Stamp("router_gemm", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 LINEAR = Stamp("linear_bf16_fp32", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 GEMV = Stamp("gemv", fallback={"function": "torch.nn.functional.linear", **_LIBS}, **_H200)
-FP8 = Stamp("fp8_gemv", fallback={"function": "dequantise + torch.nn.functional.linear", **_LIBS}, **_H200)
+# re-swept against the chunked, fp32-accumulating FP8 fallback (benchmarks/h200/ops_sweeps/fp8_gemv.toml, same kernel)
+FP8 = Stamp("fp8_gemv", fallback={"function": "chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", **_LIBS}, **_H200)
 
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        # sweep: kernel 3.8-4.4 us (N=256) / 4.7-5.4 us (N=384) vs cuBLAS 6.4-7.8 us at every M = 1..16.
+        # sweep: kernel 2.69-3.18 us (N=256) / 2.87-3.54 us (N=384) vs cuBLAS 6.4-7.8 us at every M = 1..16.
         "router_gemm.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 384", ROUTER),
-        # sweep: N=256 wins to M=16; N=4096 wins to M=8 (17.9-18.3 vs 20 us) and loses from M=9 (25 vs 20 us).
-        "linear_bf16_fp32.max_tokens": Value(8, "N=4096 loses from M=9", LINEAR),
+        # dispatch only where the sweep measured: N = 256..384, K = 7168 (DeepSeek-V3 / Kimi-K2 routers)
+        "router_gemm.min_n": Value(256, "smallest N the sweep measured", ROUTER),
+        "router_gemm.max_n": Value(384, "largest N the sweep measured", ROUTER),
+        "router_gemm.min_k": Value(7168, "the sweep measured K = 7168 only", ROUTER),
+        "router_gemm.max_k": Value(7168, "the sweep measured K = 7168 only", ROUTER),
+        # sweep: N=256 2.7-3.2 vs 6.4-7.5 us; N=4096 17.1-18.6 vs 20.1-21.2 us: the kernel wins at every M.
+        "linear_bf16_fp32.max_tokens": Value(16, "kernel faster at every M = 1..16, N = 256 and 4096", LINEAR),
+        "linear_bf16_fp32.min_n": Value(256, "narrowest N swept", LINEAR),
         "linear_bf16_fp32.max_n": Value(4096, "widest N swept", LINEAR),
+        "linear_bf16_fp32.min_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
+        "linear_bf16_fp32.max_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
         "gemv.split_k": Value(True, "small N leaves most of the 132 SMs idle without split-K over a cluster; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
-        # sweep over N x K: the largest all-winning box is N <= 12288, K <= 4096 (1.03-1.21x); at
-        # K >= 7168 or N >= 16384 cuBLAS ties or wins (it reaches 3.5-4.2 TB/s there).
-        "gemv.max_n": Value(12288, "largest all-winning box of the sweep: N <= 12288", GEMV),
-        "gemv.max_k": Value(4096, "largest all-winning box of the sweep: K <= 4096", GEMV),
+        # sweep over N x K: the largest all-winning box is N <= 4096, K <= 7168 (1.03-1.20x); the
+        # kernel also wins at N = 7168-12288 for K = 2048-7168 (not a box), ties or loses from K = 16384
+        # and N = 16384 (cuBLAS reaches 3.6-4.0 TB/s there).
+        "gemv.max_n": Value(4096, "largest all-winning box of the sweep: N <= 4096", GEMV),
+        "gemv.max_k": Value(7168, "largest all-winning box of the sweep: K <= 7168", GEMV),
         "gemv.cublas_roof_n_min": Value(0, "no gap: the box already leaves cuBLAS's near-roof range to cuBLAS", GEMV),
         "gemv.cublas_roof_n_max": Value(0, "no gap", GEMV),
-        # FP8: the fallback dequantises the whole weight every call; the kernel won 12-29x at every
-        # swept shape, N up to 152064 (this sweep) and K up to 16384 (sweeps_first/fp8_gemv.toml).
+        # FP8: against the chunked fallback (bf16 dequantise per 32 MB, fp32 product, scale) the kernel
+        # won 5-16x at every swept shape: N = 2048..152064, K = 2048..7168; dispatched only there.
+        "fp8_gemv.min_n": Value(2048, "smallest N the sweep measured", FP8),
         "fp8_gemv.max_n": Value(152064, "every swept N won", FP8),
-        "fp8_gemv.max_k": Value(16384, "every swept K won", FP8),
+        "fp8_gemv.min_k": Value(2048, "smallest K the sweep measured", FP8),
+        "fp8_gemv.max_k": Value(7168, "every swept K won; K = 7168 is the widest swept", FP8),
         "fp8_gemv.cublas_roof_n_min": Value(0, "no near-roof fallback for FP8 at M = 1"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }
@@ -72,4 +84,7 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
-    return kernel_specs(__name__, "kernels/skinny_gemm.cu", TUNING)
+    """sm_90a kernels (``kernels/sm90_gemv.cu``), planned per shape by :mod:`hwprofile_sm90.planning`."""
+    from .planning import kernel_specs
+
+    return kernel_specs(__name__)

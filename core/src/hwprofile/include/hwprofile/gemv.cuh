@@ -1,9 +1,12 @@
-// hwprofile shared kernel building block: skinny GEMM / GEMV, out[M,N] = x[M,K] . w[N,K]^T, M <= 16.
+// hwprofile shared device code: skinny GEMM / GEMV, out[M,N] = x[M,K] . w[N,K]^T, M <= 16.
 //
-// One template serves the router GEMM (M = 1..16, fp32 out), the small-M fp32-output linear, the
-// bf16 GEMV (M = 1, bf16 out) and the FP8 e4m3 GEMV (per-tensor or per-row scale). Architecture
-// plugins instantiate it with their own constants and check them against their SM's limits (see
-// each plugin's kernels/*.cu); the structure is the one tested on the H200.
+// Device functions only: every architecture plugin declares its own __global__ entry points in its
+// kernels/*.cu, with static_asserts for the limits of its SM (cluster size, static shared memory),
+// and plans the dynamic shared memory in Python against the same limit. What is here is what more
+// than one plugin uses: the 16-byte load helpers, mma.sync m16n8k16 (bf16 in, fp32 accumulate; on
+// sm_90, sm_100 and sm_120 alike), e4m3 conversion, cluster/DSMEM helpers, and two kernel bodies:
+// skinny_gemm (tensor cores, M <= 16) and simt_gemv (SIMT FMAs, small fixed M). Both were first
+// measured on the H200; hwprofile-sm100 and -sm120 instantiate them unmeasured on their SMs.
 //
 // Why this shape: at M <= 16 the work is a stream of weights, and what costs time is latency, not
 // arithmetic. So every lane issues all of its 16-byte weight loads of a batch before using any,
@@ -65,6 +68,7 @@ __device__ __forceinline__ unsigned cluster_rank() {
   return r;
 }
 
+// Full cluster barrier: every thread of every block of the cluster, release/acquire ordered.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -363,21 +367,3 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
 }
 
 }  // namespace hwp
-
-// Entry points. Name expressions:
-//   hwp_skinny_mma<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>   (M <= 16, tensor cores)
-//   hwp_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>   (small fixed M, row-contiguous loads)
-template <bool FP8, typename TOut, int MT, int WARPS, int NT, int KSPLIT, int U, int SCALE>
-__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
-hwp_skinny_mma(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
-               const float* __restrict__ scale, int M, int N, int K) {
-  hwp::skinny_gemm<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, w, scale, M, N, K);
-}
-
-template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
-__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
-hwp_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
-              const float* __restrict__ scale, int /*M*/, int N, int K) {
-  extern __shared__ uint4 hwp_xs[];
-  hwp::simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, hwp_xs);
-}
