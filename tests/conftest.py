@@ -55,7 +55,7 @@ def tuned_toml(
     """A tuned-thresholds file whose stamp matches ``dev`` and the running fallback, unless changed."""
     import tomli_w
 
-    from hwprofile import stamps
+    from hwprofile import tuning as stamps
 
     st = stamps.current(op, dev, plugin, version, kernel, "2026-11-30").as_dict()
     for k, v in stamp_changes.items():

@@ -53,8 +53,8 @@ def test_guide_steps_for_sm89(tmp_path: Path) -> None:
         "hwprofile show --simulate l40s",
         "hwprofile explain sm89.example_flag --simulate l40s",
         "hwprofile compile --arch sm_89",
-        "pytest hwprofile-sm89/tests",
-        "pip uninstall hwprofile-sm89",
+        "python -m pytest hwprofile-sm89/tests",
+        "pip uninstall -y hwprofile-sm89",
     ]
     pkg = tmp_path / "hwprofile-sm89"
     assert main(["new-plugin", "sm89", "--capability", "8.9", "--dir", str(pkg)]) == 0

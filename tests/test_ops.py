@@ -190,7 +190,7 @@ def test_stats_shown_in_the_process_that_ran_ops(monkeypatch: pytest.MonkeyPatch
     for _ in range(3):
         t.count("gemv", "kernel")
     t.count("gemv", "fallback")
-    assert main(["show", "--stats"]) == 0
+    assert main(["show"]) == 0  # counters are shown whenever an op ran in this process
     out = capsys.readouterr().out
     assert "gemv" in out and "3" in out and "1" in out
     assert p.stats.as_dict()["gemv"] == {"kernel": 3, "fallback": 1}

@@ -107,7 +107,7 @@ def test_tuned_file_for_other_gpu_is_stale_not_a_crash(h200: hwprofile.Profile, 
     reg = Registry(env).load_entry_points()
     spark = hwprofile.detect(env).devices[0]
     r = build_profile(spark, reg, env).explain("router_gemm.max_tokens")
-    assert r.winner.kind != "tuned" and "device capability" in r.chain[-1].stale
+    assert r.winner.kind != "tuned" and "compute capability 9.0" in r.chain[-1].stale
 
 
 def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:
@@ -117,10 +117,11 @@ def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_sweep_cli_refuses_simulated_device(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_cli_refuses_simulated_device(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from hwprofile.cli import main
 
-    assert main(["sweep", "router_gemm", "--simulate", "h200"]) == 2
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    assert main(["sweep", "router_gemm"]) == 2
     assert "simulated" in capsys.readouterr().err
 
 

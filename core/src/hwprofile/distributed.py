@@ -18,8 +18,6 @@ differing keys, values, provenance, ranks and hosts. Every rank takes the same p
 rank sees the same gathered digests.
 
 ``torchrun --nproc-per-node N -m hwprofile.distributed`` is the bring-up command (see ``main``).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Exceptions a user can hit. Each message says what went wrong, where, and what to do.
-
-PYTEST_DONT_REWRITE
-"""
+"""Exceptions a user can hit. Each message says what went wrong, where, and what to do."""
 
 from __future__ import annotations
 

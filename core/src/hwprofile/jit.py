@@ -13,8 +13,6 @@
   to ``torch.cuda.current_stream()`` of the tensor's device, so CUDA graph capture records them.
 
 CUDA (cuda-python) and torch are imported only when a kernel is compiled or launched.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from . import _state
 from ._log import get_logger
 from .errors import KernelCompileError, KernelError, ToolchainError
 from .kernelspec import OWN_INCLUDE, KernelSpec, Launch
@@ -92,18 +91,40 @@ def nvrtc_archs() -> tuple[int, ...]:
 
 
 @cache
-def include_dirs() -> tuple[str, ...]:
-    """hwprofile's shared kernel headers, then the CUDA headers found by cuda.pathfinder."""
-    dirs = [OWN_INCLUDE]
+def cuda_headers() -> tuple[str | None, str | None]:
+    """``(directory, problem)``: the CUDA headers of NVRTC's major (:mod:`hwprofile.headers`)."""
+    from . import headers
+
     try:
         import cuda.pathfinder as pf
 
-        cudart = pf.find_nvidia_header_directory("cudart")
-    except Exception:  # noqa: BLE001 - reported below with the fix
-        cudart = None
-    if cudart:
-        dirs.append(str(cudart))
-    return tuple(dirs)
+        found = pf.find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - the other candidates are still searched; none found is reported with the fix
+        found = None
+    try:
+        major: int | None = nvrtc_version()[0]
+    except ToolchainError:
+        major = None  # no NVRTC: nothing will compile, and that error is reported where compiling starts
+    return headers.choose(major, headers.candidates(str(found) if found else None))
+
+
+@cache
+def include_dirs() -> tuple[str, ...]:
+    """hwprofile's shared kernel headers, then the CUDA headers of NVRTC's major."""
+    cudart, _ = cuda_headers()
+    return (OWN_INCLUDE, cudart) if cudart else (OWN_INCLUDE,)
+
+
+_state.on_reset(cuda_headers.cache_clear)  # a reset may follow installing the matching headers
+_state.on_reset(include_dirs.cache_clear)
+
+
+def check_toolchain() -> None:
+    """Raise one :class:`ToolchainError` saying what is missing (NVRTC, matching headers), or return."""
+    nvrtc_version()
+    _, problem = cuda_headers()
+    if problem:
+        raise ToolchainError(problem)
 
 
 def check_target(target: str) -> None:

@@ -26,8 +26,6 @@ Under ``torch.compile`` each op goes through its ``torch.ops.hwprofile.<op>`` cu
 with a fake implementation, see :func:`register`); in eager mode it calls the implementation
 directly: the dispatcher would add host time to every call, and an op may cost at most 1 µs more
 than its fallback (measured in benchmarks/RESULTS.md, "Ops in an engine").
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

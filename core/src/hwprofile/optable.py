@@ -9,8 +9,6 @@ identity string stamps record), the default sweep grid and the kind of threshold
 ``hwprofile.ops`` routes with it, ``decide()`` explains with it, ``sweep`` measures and writes with
 it, ``stamps`` records its fallback identity, ``skinny`` (the kernel specs) reads its dtypes and
 scale modes, and the CLI lists it. Adding an op is one entry in :data:`OPS` plus a kernel.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

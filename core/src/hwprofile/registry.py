@@ -5,8 +5,6 @@ One pluggy ``PluginManager`` for project ``hwprofile``. Plugins come from the en
 name is the plugin's name everywhere. Loading is done one entry point at a time (not
 ``load_setuptools_entrypoints``) so that a broken plugin is reported by name, distribution and
 version instead of stopping the whole load anonymously.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

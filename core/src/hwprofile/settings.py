@@ -4,8 +4,6 @@ Layers, lowest to highest: core default < architecture plugin < downstream plugi
 < tuned-thresholds file < the user's explicit ``HWPROFILE_*`` variable. A variable that is present
 counts as set, even ``"0"`` or ``""``. Nothing here touches ``os.environ`` except
 :func:`apply_env_defaults`, which only fills variables the user left unset.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -154,7 +152,7 @@ class Setting(Record):
 class Value(Record):
     """A setting value with the reason it was chosen and, for a measured threshold, its stamp.
 
-    ``stamp`` (a :class:`hwprofile.stamps.Stamp`) records what the value was measured against; the
+    ``stamp`` (a :class:`hwprofile.tuning.Stamp`) records what the value was measured against; the
     profile compares it with what is running and reports the value as stale when that changed.
     """
 

@@ -6,8 +6,6 @@ kernels (router GEMM, fp32-output linear, bf16 GEMV, FP8 GEMV) as :class:`~hwpro
 objects whose ``configure`` picks tile sizes and the split-K factor for a shape. Each plugin's
 source declares the ``<prefix>_skinny_mma`` and ``<prefix>_gemv_simt`` entry points with
 static_asserts for its SM's limits; the dynamic shared memory is checked here.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

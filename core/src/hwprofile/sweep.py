@@ -3,8 +3,6 @@
 The crossover logic is pure (:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`) and is
 tested on the CPU with made-up timings; :class:`GpuTimer` does the measuring on a real GPU (cold L2
 by rotating weight copies, CUDA-graph replay, median of many replays, warm-up excluded).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -263,7 +261,7 @@ def run(
     date: str | None = None,
 ) -> dict[str, Any]:
     """Measure every grid point, choose thresholds, and return the stamped tuned-file document."""
-    from . import stamps
+    from . import tuning as stamps
 
     points = []
     for i, (m, n, k) in enumerate(grid):
@@ -294,11 +292,25 @@ def run(
     }
 
 
-def write(doc: dict[str, Any], path: Path) -> None:
+def write(doc: dict[str, Any], path: Path) -> Path | None:
+    """Write the tuned file (stamp, thresholds, sweep notes) to ``path`` and the raw measurements
+    beside it, in ``samples/<name>`` (returned): every first ``profile()`` reads the tuned file, and
+    only the thresholds are needed there (:mod:`hwprofile.tuning`)."""
     import tomli_w
 
+    from .tuning import SAMPLES_DIR
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps(doc))
+    measurements = doc.get("measurements")
+    head = {k: v for k, v in doc.items() if k != "measurements"}
+    samples = None
+    if measurements:
+        samples = path.parent / SAMPLES_DIR / path.name
+        samples.parent.mkdir(parents=True, exist_ok=True)
+        samples.write_text(tomli_w.dumps({"stamp": doc["stamp"], "measurements": measurements}))
+        head["sweep"] = {**head.get("sweep", {}), "samples": f"{SAMPLES_DIR}/{path.name}"}
+    path.write_text(tomli_w.dumps(head))
+    return samples
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
