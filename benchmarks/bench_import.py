@@ -21,15 +21,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+_NVML = "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))"
 SNIPPETS = {
     "import hwprofile": "import hwprofile",
-    "import pynvml + nvmlInit + capability (NVML's own cost)": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
+    "import pynvml + nvmlInit + capability (NVML's own cost)": _NVML,
     "import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
     "import hwprofile + detect() (NVML probe)": "import hwprofile; hwprofile.detect()",
-    "NVML's own cost + nvmlShutdown (as detection does)": "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)); pynvml.nvmlShutdown()",
+    "NVML's own cost + nvmlShutdown (as detection does)": _NVML + "; pynvml.nvmlShutdown()",
     # The same two, timed after `import pynvml` (run before the clock starts): that import is most of
     # NVML's cost and most of the process-to-process noise, and it is identical in both.
-    "[pynvml imported] nvmlInit + capability": "pynvml.nvmlInit(); pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))",
+    "[pynvml imported] nvmlInit + capability": _NVML.removeprefix("import pynvml; "),
     "[pynvml imported] import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
 }
 
@@ -46,7 +47,10 @@ def once(code: str, setup: str = "", env: dict[str, str] | None = None) -> float
     """Milliseconds ``code`` takes in a fresh interpreter, after ``setup`` (not timed)."""
     p = subprocess.run(
         [sys.executable, "-c", f"import time; {setup}; t=time.perf_counter(); {code}; print(time.perf_counter()-t)"],
-        capture_output=True, text=True, check=True, env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     )
     return float(p.stdout.strip().splitlines()[-1]) * 1000
 
@@ -102,27 +106,38 @@ def main(runs: int, tuned: bool = False) -> None:
             samples[name].append(once(code, "import pynvml" if name.startswith("[pynvml imported]") else "pass", env))
     for name, xs in samples.items():
         q = statistics.quantiles(xs, n=4)
-        print(f"{name:<75} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  min {min(xs):6.1f} (n={runs}, interleaved)")
+        print(
+            f"{name:<75} median {statistics.median(xs):7.1f} ms  quartiles {q[0]:6.1f} / {q[2]:6.1f}  "
+            f"min {min(xs):6.1f} (n={runs}, interleaved)"
+        )
     nvml = samples["import pynvml + nvmlInit + capability (NVML's own cost)"]
     ours = samples["import hwprofile + profile(0)"]
     # Two estimates of the cost above NVML's own: the difference of the medians, and the median of
     # the differences within each interleaved round (both snippets ran back to back). The minima
     # are the least noisy view of what the work itself costs.
     paired = [b - a for a, b in zip(nvml, ours, strict=True)]
-    print(f"first profile() over NVML's own cost: {statistics.median(ours) - statistics.median(nvml):+.1f} ms (difference of medians), "
-          f"{statistics.median(paired):+.1f} ms (median of paired differences), {min(ours) - min(nvml):+.1f} ms (difference of minima)")
+    print(
+        f"first profile() over NVML's own cost: {statistics.median(ours) - statistics.median(nvml):+.1f} ms (difference of medians), "
+        f"{statistics.median(paired):+.1f} ms (median of paired differences), {min(ours) - min(nvml):+.1f} ms (difference of minima)"
+    )
     init = samples["[pynvml imported] nvmlInit + capability"]
     after = samples["[pynvml imported] import hwprofile + profile(0)"]
     pairs = [b - a for a, b in zip(init, after, strict=True)]
-    print(f"same, with pynvml imported before the clock starts: {statistics.median(after) - statistics.median(init):+.1f} ms (difference of medians), "
-          f"{statistics.median(pairs):+.1f} ms (median of paired differences), {min(after) - min(init):+.1f} ms (difference of minima)")
+    print(
+        "same, with pynvml imported before the clock starts: "
+        f"{statistics.median(after) - statistics.median(init):+.1f} ms (difference of medians), "
+        f"{statistics.median(pairs):+.1f} ms (median of paired differences), {min(after) - min(init):+.1f} ms (difference of minima)"
+    )
     if tuned:
         for name in ("import hwprofile + profile(0)", "[pynvml imported] import hwprofile + profile(0)"):
             nvml_row = init if name.startswith("[pynvml") else nvml
             t = samples[f"{name} [4 tuned files]"]
             d = [b - a for a, b in zip(nvml_row, t, strict=True)]
-            print(f"{name} [4 tuned files] over NVML's own cost: {statistics.median(t) - statistics.median(nvml_row):+.1f} ms (difference of medians), "
-                  f"{statistics.median(d):+.1f} ms (paired), {min(t) - min(nvml_row):+.1f} ms (minima)")
+            print(
+                f"{name} [4 tuned files] over NVML's own cost: "
+                f"{statistics.median(t) - statistics.median(nvml_row):+.1f} ms (difference of medians), "
+                f"{statistics.median(d):+.1f} ms (paired), {min(t) - min(nvml_row):+.1f} ms (minima)"
+            )
 
 
 if __name__ == "__main__":

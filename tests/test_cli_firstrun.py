@@ -32,7 +32,9 @@ def test_version_lists_core_and_plugins(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_version_imports_no_plugin() -> None:
-    code = "import sys; from hwprofile.cli import version_text; version_text(); print([m for m in sys.modules if m.startswith('hwprofile_')])"
+    code = (
+        "import sys; from hwprofile.cli import version_text; version_text(); print([m for m in sys.modules if m.startswith('hwprofile_')])"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "[]"
 
@@ -58,7 +60,9 @@ def test_flags_only_where_they_work(capsys: pytest.CaptureFixture[str], argv: li
     assert e.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["show", "--json"], ["explain", "deterministic", "--json"], ["env", "--json"], ["plugins", "--json"], ["devices", "--json"]])
+@pytest.mark.parametrize(
+    "argv", [["show", "--json"], ["explain", "deterministic", "--json"], ["env", "--json"], ["plugins", "--json"], ["devices", "--json"]]
+)
 def test_json_is_json_where_accepted(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     code, out, _ = run(capsys, *argv, "--simulate", "h200")
     assert code == 0 and isinstance(json.loads(out), (dict, list))
@@ -136,7 +140,9 @@ def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], m
 
     def no_nvrtc() -> tuple[int, int]:
         calls.append(1)
-        raise ToolchainError("cuda-python's NVRTC bindings are not importable (No module named 'cuda'); install them with pip install 'hwprofile[cu13]'")
+        raise ToolchainError(
+            "cuda-python's NVRTC bindings are not importable (No module named 'cuda'); install them with pip install 'hwprofile[cu13]'"
+        )
 
     monkeypatch.setattr(jit, "nvrtc_version", no_nvrtc)
     monkeypatch.setattr(jit, "compile_all", lambda *a, **k: pytest.fail("compile_all must not run without a toolchain"))
@@ -149,7 +155,9 @@ def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], m
 
 def test_compile_with_mismatched_headers_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jit, "nvrtc_version", lambda: (12, 9))
-    monkeypatch.setattr(jit, "cuda_headers", lambda: ("/x/cu13/include", "NVRTC is CUDA 12 but the CUDA headers found are not: /x/cu13/include (CUDA 13)"))
+    monkeypatch.setattr(
+        jit, "cuda_headers", lambda: ("/x/cu13/include", "NVRTC is CUDA 12 but the CUDA headers found are not: /x/cu13/include (CUDA 13)")
+    )
     monkeypatch.setattr(jit, "compile_all", lambda *a, **k: pytest.fail("compile_all must not run"))
     code, _, err = run(capsys, "compile")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "NVRTC is CUDA 12" in err

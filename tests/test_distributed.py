@@ -165,7 +165,15 @@ def test_tuned_file_on_one_rank(same: hd.RankSummary, tmp_path: Path) -> None:
 def test_stale_tuned_file_is_shown_as_ignored(same: hd.RankSummary, tmp_path: Path) -> None:
     """A rank whose tuned file is stale runs the shipped value: that agrees, and the summary says what was ignored."""
     f = tmp_path / "stale.toml"
-    f.write_text(tuned_toml(_device.simulated_detection("h200").device(0), {"router_gemm.max_tokens": 12}, plugin="sm90", version="0.1.0", fallback_function="another fallback"))
+    f.write_text(
+        tuned_toml(
+            _device.simulated_detection("h200").device(0),
+            {"router_gemm.max_tokens": 12},
+            plugin="sm90",
+            version="0.1.0",
+            fallback_function="another fallback",
+        )
+    )
     odd = summary(1, {"HWPROFILE_TUNED_FILE": str(f)})
     assert hd.compare([same, odd])[0] == []
     assert "ignored" in odd.entries[ROUTER].source and str(f) in odd.entries[ROUTER].source

@@ -102,7 +102,9 @@ def test_bad_user_env_value_names_variable_value_and_range(value: str) -> None:
     assert "\n" not in msg
 
 
-@pytest.mark.parametrize(("values", "needle"), [({"no.such_key": 1}, "undeclared"), ({KEY: "16"}, "invalid"), ({KEY: 99}, "[0, 16]"), ({KEY: True}, "invalid")])
+@pytest.mark.parametrize(
+    ("values", "needle"), [({"no.such_key": 1}, "undeclared"), ({KEY: "16"}, "invalid"), ({KEY: 99}, "[0, 16]"), ({KEY: True}, "invalid")]
+)
 def test_bad_plugin_value_names_plugin_key_and_allowed(values: dict[str, object], needle: str) -> None:
     class Bad:
         @hookimpl
@@ -142,7 +144,9 @@ def test_bad_tuned_files(tmp_path: Path) -> None:
         ({"fallback_function": "torch.nn.functional.linear"}, "fallback function"),
     ],
 )
-def test_stale_tuned_file_is_ignored_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture, change: dict[str, object], needle: str) -> None:
+def test_stale_tuned_file_is_ignored_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, change: dict[str, object], needle: str
+) -> None:
     f = tmp_path / "t.toml"
     f.write_text(tuned_toml(H200, {KEY: 3}, **change))
     env = {"HWPROFILE_TUNED_FILE": str(f)}
@@ -195,11 +199,21 @@ def test_config_dir_shortcut_agrees_with_platformdirs(monkeypatch: pytest.Monkey
     assert config_dir({"HWPROFILE_CONFIG_DIR": "/x"}) == "/x"
 
 
-def test_shipped_threshold_stamp_is_reported_when_fallback_changed(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shipped_threshold_stamp_is_reported_when_fallback_changed(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hwprofile import tuning as stamps
 
     monkeypatch.setattr(stamps, "_warned_shipped", [False])
-    old = stamps.Stamp("router_gemm", stamps.device_identity(H200), (9, 0), "arch", "1.0", "", {"function": "torch.mm(out_dtype=torch.float32)", "torch": "0.0.1"})
+    old = stamps.Stamp(
+        "router_gemm",
+        stamps.device_identity(H200),
+        (9, 0),
+        "arch",
+        "1.0",
+        "",
+        {"function": "torch.mm(out_dtype=torch.float32)", "torch": "0.0.1"},
+    )
 
     class Stamped:
         @hookimpl
@@ -272,7 +286,9 @@ def test_env_default_type_is_checked() -> None:
 # --- the real plugins and the example downstream package ----------------------------------------
 
 
-@pytest.mark.parametrize(("sim", "arch"), [("h200", "9.0a"), ("b200", "10.0a"), ("gb300", "10.3a"), ("rtx-pro-6000", "12.0a"), ("dgx-spark", "12.1a")])
+@pytest.mark.parametrize(
+    ("sim", "arch"), [("h200", "9.0a"), ("b200", "10.0a"), ("gb300", "10.3a"), ("rtx-pro-6000", "12.0a"), ("dgx-spark", "12.1a")]
+)
 def test_real_plugins_ship_their_values(no_downstream: None, monkeypatch: pytest.MonkeyPatch, sim: str, arch: str) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", sim)
     hwprofile.reset()
@@ -284,7 +300,9 @@ def test_real_plugins_ship_their_values(no_downstream: None, monkeypatch: pytest
     assert "HWPROFILE_GEMV_SPLIT_K=0" in prof.settings["gemv.split_k"].winner.reason
 
 
-@pytest.mark.parametrize(("sim", "fused"), [("rtx-pro-6000", True), ("dgx-spark", True), ("h200", False), ("gb300", False), ("l40s", False)])
+@pytest.mark.parametrize(
+    ("sim", "fused"), [("rtx-pro-6000", True), ("dgx-spark", True), ("h200", False), ("gb300", False), ("l40s", False)]
+)
 def test_downstream_example_case_two(monkeypatch: pytest.MonkeyPatch, sim: str, fused: bool) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", sim)
     hwprofile.reset()

@@ -19,7 +19,9 @@ from hwprofile.registry import Registry
 pytest_plugins = ["pytester"]
 
 
-@pytest.mark.parametrize(("name", "cc"), [("sm_110", (11, 0)), ("SM110", (11, 0)), ("11.0", (11, 0)), ("sm_87", (8, 7)), ("sm_121a", (12, 1)), ("7.5", (7, 5))])
+@pytest.mark.parametrize(
+    ("name", "cc"), [("sm_110", (11, 0)), ("SM110", (11, 0)), ("11.0", (11, 0)), ("sm_87", (8, 7)), ("sm_121a", (12, 1)), ("7.5", (7, 5))]
+)
 def test_generic_capability_names(name: str, cc: tuple[int, int]) -> None:
     e = catalog.lookup(name)
     assert e.compute_capability == cc and e.name == f"Simulated sm_{cc[0]}{cc[1]}"

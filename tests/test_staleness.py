@@ -131,7 +131,9 @@ def test_stale_tuned_file_ignored_and_strict_error(tmp_path: Path, caplog: pytes
         build_profile(H200, _reg(stamp(kernel="")), {**env, "HWPROFILE_STRICT": "1"})
 
 
-def test_cli_table_note_short_and_explain_detail(fresh_warning: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_table_note_short_and_explain_detail(
+    fresh_warning: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hwprofile import cli, profiles
 
     prof = build_profile(H200, _reg(stamp(kernel="", fallback_torch="0.9.0")), {})
@@ -142,7 +144,11 @@ def test_cli_table_note_short_and_explain_detail(fresh_warning: None, capsys: py
     assert row.rstrip().endswith("STALE (see explain)") and len(row) < 140
     assert cli.main(["explain", KEY]) == 0
     out = capsys.readouterr().out
-    assert "STALE: fallback torch 0.9 ->" in out and "kernel source: cannot tell" in out and "re-measure with: hwprofile sweep router_gemm" in out
+    assert (
+        "STALE: fallback torch 0.9 ->" in out
+        and "kernel source: cannot tell" in out
+        and "re-measure with: hwprofile sweep router_gemm" in out
+    )
     assert cli.main(["explain", KEY, "--json"]) == 0
     arch = json.loads(capsys.readouterr().out)["chain"][1]
     assert arch["comparison"]["stale"][0].startswith("fallback torch 0.9 ->") and arch["comparison"]["unknown"]
@@ -193,7 +199,10 @@ def test_every_shipped_stamp_matches_the_installed_plugin() -> None:
         if st.kernel != digest:
             wrong.append(f"{who}: {key} stamped with kernel {st.kernel[:12]}, the shipped kernel is {digest[:12]}: re-measure and re-stamp")
         if st.fallback.get("function") != tuning.FALLBACK_FUNCTION.get(st.op):
-            wrong.append(f"{who}: {key} stamped against fallback {st.fallback.get('function')!r}, the op's fallback is {tuning.FALLBACK_FUNCTION.get(st.op)!r}")
+            wrong.append(
+                f"{who}: {key} stamped against fallback {st.fallback.get('function')!r}, "
+                f"the op's fallback is {tuning.FALLBACK_FUNCTION.get(st.op)!r}"
+            )
         if plugin.arch is None or st.compute_capability not in plugin.arch.targets:
             wrong.append(f"{who}: {key} measured on {st.compute_capability}, which {st.plugin} does not serve")
     assert not wrong, "\n".join(wrong)

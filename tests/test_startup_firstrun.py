@@ -16,7 +16,9 @@ def test_import_hwprofile_loads_no_other_module() -> None:
 def test_import_hwprofile_needs_no_typing_at_run_time() -> None:
     """In a clean venv nothing has imported typing yet; hwprofile must not be the one (5-18 ms)."""
     code = "import sys; sys.modules.pop('typing', None); import hwprofile; print('typing' in sys.modules, '__future__' in sys.modules)"
-    out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "False False", out.stdout + out.stderr
 
 

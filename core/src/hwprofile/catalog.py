@@ -125,7 +125,10 @@ def plugin_entries() -> dict[str, CatalogEntry]:
         if got is None:
             continue
         if not isinstance(got, Mapping):
-            raise PluginError(f"plugin {info.label}: hwprofile_catalog must return a dict of name -> hwprofile.plugin.CatalogEntry, got {type(got).__name__}")
+            raise PluginError(
+                f"plugin {info.label}: hwprofile_catalog must return a dict of name -> hwprofile.plugin.CatalogEntry, "
+                f"got {type(got).__name__}"
+            )
         for name, entry in got.items():
             key = _key(str(name))
             if not isinstance(name, str) or not _NAME_RE.match(key) or parse_capability(key) is not None:
@@ -134,7 +137,9 @@ def plugin_entries() -> dict[str, CatalogEntry]:
                     "(e.g. 'jetson-thor'); 'sm_XY' and 'X.Y' names are generic and built in"
                 )
             if not isinstance(entry, CatalogEntry):
-                raise PluginError(f"plugin {info.label}: catalog entry {name!r} must be a hwprofile.plugin.CatalogEntry, got {type(entry).__name__}")
+                raise PluginError(
+                    f"plugin {info.label}: catalog entry {name!r} must be a hwprofile.plugin.CatalogEntry, got {type(entry).__name__}"
+                )
             if key in CATALOG:
                 raise PluginError(f"plugin {info.label}: catalog entry {name!r} is built into hwprofile; choose another name")
             if key in out:

@@ -125,7 +125,9 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
     out: list[Check] = []
     if det.devices:
         names = ", ".join(f"{d.index}: {d.name} ({d.sm}{', simulated' if d.simulated else ''})" for d in det.devices)
-        out.append(Check("devices", "INFO" if det.simulated else "OK", names + (" [simulated by HWPROFILE_DEVICE]" if det.simulated else "")))
+        out.append(
+            Check("devices", "INFO" if det.simulated else "OK", names + (" [simulated by HWPROFILE_DEVICE]" if det.simulated else ""))
+        )
     else:
         out.append(Check("devices", "INFO", f"no NVIDIA GPU ({det.reason}); compile-only use and simulation still work"))
     from .registry import installed_version
@@ -134,7 +136,14 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
     if bindings is not None:
         out.append(Check("cuda-python", "OK", f"cuda-bindings {bindings}"))
     else:
-        out.append(Check("cuda-python", "FAIL", "cuda-bindings is not installed", "pip install 'hwprofile[cu13]' (CUDA 13 driver, 580+) or 'hwprofile[cu12]'"))
+        out.append(
+            Check(
+                "cuda-python",
+                "FAIL",
+                "cuda-bindings is not installed",
+                "pip install 'hwprofile[cu13]' (CUDA 13 driver, 580+) or 'hwprofile[cu12]'",
+            )
+        )
         return out
     if nv is None:
         out.append(Check("nvrtc", "FAIL", "NVRTC is not usable", "pip install 'hwprofile[cu13]' (nvidia-cuda-nvrtc) or 'hwprofile[cu12]'"))
@@ -150,16 +159,26 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
     real = [d for d in det.devices if not d.simulated]
     if real:
         problem = jit.check_driver_for_nvrtc(real[0].cuda_driver_version)
-        out.append(Check("nvrtc vs driver", "FAIL" if problem else "OK", problem or "cubins from this NVRTC load on this driver", "see detail" if problem else ""))
+        out.append(
+            Check(
+                "nvrtc vs driver",
+                "FAIL" if problem else "OK",
+                problem or "cubins from this NVRTC load on this driver",
+                "see detail" if problem else "",
+            )
+        )
     if torch_cuda:
         tmajor = torch_cuda.split(".")[0]
         if tmajor.isdigit() and int(tmajor) != nv[0]:
-            out.append(Check(
-                "torch vs nvrtc", "WARN",
-                f"torch is built for CUDA {torch_cuda} but NVRTC is CUDA {nv[0]}.{nv[1]}: the kernels need a driver for CUDA {nv[0]}, "
-                "and two CUDA runtimes share the process",
-                f"install the extra matching torch: pip install 'hwprofile[cu{tmajor}]'",
-            ))
+            out.append(
+                Check(
+                    "torch vs nvrtc",
+                    "WARN",
+                    f"torch is built for CUDA {torch_cuda} but NVRTC is CUDA {nv[0]}.{nv[1]}: the kernels need a driver for CUDA {nv[0]}, "
+                    "and two CUDA runtimes share the process",
+                    f"install the extra matching torch: pip install 'hwprofile[cu{tmajor}]'",
+                )
+            )
         else:
             out.append(Check("torch vs nvrtc", "OK", f"torch CUDA {torch_cuda}, NVRTC {nv[0]}.{nv[1]}"))
     return out

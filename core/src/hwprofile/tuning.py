@@ -118,7 +118,9 @@ class Stamp(NamedTuple):
                 date=str(d.get("date", "")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise SettingError(f"{where}: [stamp] is incomplete or malformed ({type(exc).__name__}: {exc}); regenerate it with 'hwprofile sweep'") from None
+            raise SettingError(
+                f"{where}: [stamp] is incomplete or malformed ({type(exc).__name__}: {exc}); regenerate it with 'hwprofile sweep'"
+            ) from None
 
 
 def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "") -> Stamp:
@@ -175,14 +177,20 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
     elif stamp.plugin_version != now.plugin_version:
         notes.append(f"measured with {stamp.plugin} {stamp.plugin_version}, {now.plugin_version or 'unknown'} is installed")
     if not stamp.kernel or not now.kernel:
-        unknown.append("kernel source: cannot tell (" + ("the stamp records none" if not stamp.kernel else "no kernel for this op now") + ")")
+        unknown.append(
+            "kernel source: cannot tell (" + ("the stamp records none" if not stamp.kernel else "no kernel for this op now") + ")"
+        )
     elif stamp.kernel != now.kernel:
         stale.append(f"kernel source changed ({stamp.kernel[:12]} -> {now.kernel[:12]})")
     fa, fb = stamp.fallback.get("function"), now.fallback.get("function")
     if fa and fb and fa != fb:
         stale.append(f"fallback function changed ({fa} -> {fb})")
     for lib in _LIBRARIES:
-        if lib == "cublaslt" and stamp.fallback.get("cublaslt") == stamp.fallback.get("cublas") and now.fallback.get("cublaslt") == now.fallback.get("cublas"):
+        if (
+            lib == "cublaslt"
+            and stamp.fallback.get("cublaslt") == stamp.fallback.get("cublas")
+            and now.fallback.get("cublaslt") == now.fallback.get("cublas")
+        ):
             continue  # one wheel: already compared as cuBLAS
         a, b = stamp.fallback.get(lib), now.fallback.get(lib)
         if a is None:
@@ -377,7 +385,9 @@ def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
     if not isinstance(thresholds, dict):
         raise SettingError(f"{where}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
     if not isinstance(doc.get("stamp"), dict):
-        raise SettingError(f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'")
+        raise SettingError(
+            f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'"
+        )
     return Stamp.from_dict(doc["stamp"], where=where), thresholds
 
 
