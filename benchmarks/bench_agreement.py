@@ -83,7 +83,9 @@ def worker(args: argparse.Namespace) -> None:
         print(f"{args.backend}, {world} ranks, {args.iters} iterations (median ms; worst rank)")
         for k in variants:
             print(f"  {k:<14} {worst[k]:8.3f}   (rank 0: {med[k]:.3f})")
-        print(f"  check / allgather32 = {doc['ratio_check_to_allgather32']:.2f}x; first check_agreement in the process {first_s * 1e3:.1f} ms")
+        print(
+            f"  check / allgather32 = {doc['ratio_check_to_allgather32']:.2f}x; first check_agreement in the process {first_s * 1e3:.1f} ms"
+        )
         if args.json:
             Path(args.json).write_text(json.dumps(doc, indent=2))
     dist.barrier()
@@ -100,8 +102,15 @@ def launch(args: argparse.Namespace) -> int:
     procs = []
     with tempfile.TemporaryDirectory():
         for r in range(args.nproc):
-            env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       OMP_NUM_THREADS="1")
+            env = dict(
+                os.environ,
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE=str(args.nproc),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            )
             procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=env))
         return max(p.wait() for p in procs)
 

@@ -91,7 +91,9 @@ def graph(fn: Callable[[], Any], reps: int = 50) -> float:
     return statistics.median(ts)
 
 
-def measure(name: str, impls: dict[str, Callable[..., Any]], args: tuple[Any, ...], rows: list[dict[str, Any]], modes: tuple[str, ...]) -> None:
+def measure(
+    name: str, impls: dict[str, Callable[..., Any]], args: tuple[Any, ...], rows: list[dict[str, Any]], modes: tuple[str, ...]
+) -> None:
     for mode in modes:
         res: dict[str, float] = {}
         for impl, fn in impls.items():
@@ -107,13 +109,20 @@ def measure(name: str, impls: dict[str, Callable[..., Any]], args: tuple[Any, ..
                 c = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
                 res[impl] = statistics.median(wall(lambda f=c: f(*args)) for _ in range(5))
         rows.append({"workload": name, "mode": mode, **{f"{k}_us": v for k, v in res.items()}})
-        print(f"{name:22s} {mode:15s} hwprofile {res['hwprofile']:8.2f} us   torch {res['torch']:8.2f} us   x{res['torch'] / res['hwprofile']:4.2f}", flush=True)
+        print(
+            f"{name:22s} {mode:15s} hwprofile {res['hwprofile']:8.2f} us   torch {res['torch']:8.2f} us   "
+            f"x{res['torch'] / res['hwprofile']:4.2f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     hwprofile.reset()
     prof = hwprofile.profile(0)
-    print(f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, fingerprint {prof.fingerprint}")
+    print(
+        f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, "
+        f"fingerprint {prof.fingerprint}"
+    )
     rows: list[dict[str, Any]] = []
     w = torch.randn(256, 7168, device=dev).bfloat16()
     torch._dynamo.mark_static_address(w)  # a weight, as a module parameter would be: CUDA-graph trees must not copy it per step
@@ -129,8 +138,16 @@ def main() -> None:
     for n, k in shapes[:4]:
         print(f"  decode {n}x{k}: {ops.decide('gemv', prof, m=1, n=n, k=k).reason}")
     x = torch.randn(1, 4096, device=dev).bfloat16()
-    measure("decode stack 4 layers", {"hwprofile": stack(ops.gemv), "torch": stack(F.linear)}, (x, *ws), rows, ("eager", "graph", "compile", "compile+graphs"))
-    (OUT / "engine.json").write_text(json.dumps({"device": prof.device.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
+    measure(
+        "decode stack 4 layers",
+        {"hwprofile": stack(ops.gemv), "torch": stack(F.linear)},
+        (x, *ws),
+        rows,
+        ("eager", "graph", "compile", "compile+graphs"),
+    )
+    (OUT / "engine.json").write_text(
+        json.dumps({"device": prof.device.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,16 @@ def main() -> None:
     hwprofile.reset()
     prof = hwprofile.profile(0)
     t = ops._table(0)
-    print(f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, fingerprint {prof.fingerprint}")
-    res: dict[str, object] = {"device": prof.device.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "cublas": torch.backends.cuda.preferred_blas_library().name if hasattr(torch.backends.cuda, "preferred_blas_library") else "?"}
+    print(
+        f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, "
+        f"fingerprint {prof.fingerprint}"
+    )
+    res: dict[str, object] = {
+        "device": prof.device.name,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "cublas": torch.backends.cuda.preferred_blas_library().name if hasattr(torch.backends.cuda, "preferred_blas_library") else "?",
+    }
     bw = copy_bw()
     res["copy_tbps"] = bw
     print(f"copy bandwidth {bw:.2f} TB/s")
@@ -103,8 +111,24 @@ def main() -> None:
                     fn()
                 torch.cuda.synchronize()
                 walls.append((time.perf_counter() - t0) / 500 * 1e6)
-            rows.append({"m": m, "n": n, "k": k, "kernel_us": kt, "fallback_us": ft, "kernel_spread": kn, "fallback_spread": fn_, "rel_err": err, "eager_op_us": walls[0], "eager_fallback_us": walls[1]})
-            print(f"router M={m:2d} N={n}: kernel {kt:6.2f} us  cuBLAS {ft:6.2f} us  x{ft / kt:4.2f}  eager op {walls[0]:5.1f} vs {walls[1]:5.1f} us  err {err:.1e}")
+            rows.append(
+                {
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "kernel_us": kt,
+                    "fallback_us": ft,
+                    "kernel_spread": kn,
+                    "fallback_spread": fn_,
+                    "rel_err": err,
+                    "eager_op_us": walls[0],
+                    "eager_fallback_us": walls[1],
+                }
+            )
+            print(
+                f"router M={m:2d} N={n}: kernel {kt:6.2f} us  cuBLAS {ft:6.2f} us  x{ft / kt:4.2f}  "
+                f"eager op {walls[0]:5.1f} vs {walls[1]:5.1f} us  err {err:.1e}"
+            )
     res["router_gemm"] = rows
 
     # --- linear_bf16_fp32 ----------------------------------------------------------------------
@@ -122,7 +146,17 @@ def main() -> None:
     res["linear_bf16_fp32"] = rows
 
     # --- GEMV bf16 and FP8 ----------------------------------------------------------------------
-    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168), (152064, 5120)]
+    shapes = [
+        (2048, 7168),
+        (4096, 4096),
+        (7168, 2048),
+        (7168, 16384),
+        (12288, 4096),
+        (16384, 5120),
+        (28672, 4096),
+        (57344, 7168),
+        (152064, 5120),
+    ]
     grows, frows = [], []
     for n, k in shapes:
         wb = n * k * 2
@@ -136,8 +170,25 @@ def main() -> None:
         ops._run_kernel(t, "gemv", out, x, ws[0], None, 1, n, k)
         err = float((out.double() - ref).norm() / ref.norm())
         dec = ops.decide("gemv", prof, m=1, n=n, k=k).path
-        grows.append({"n": n, "k": k, "mb": wb / 1e6, "kernel_us": kt, "fallback_us": ft, "kernel_tbps": wb / kt / 1e6, "fallback_tbps": wb / ft / 1e6, "rel_err": err, "dispatch": dec, "kernel_spread": kn, "fallback_spread": fn_})
-        print(f"gemv N={n:6d} K={k:5d} ({wb / 1e6:6.0f} MB): kernel {kt:8.2f} us {wb / kt / 1e6:4.2f} TB/s  cuBLAS {ft:8.2f} us {wb / ft / 1e6:4.2f} TB/s  x{ft / kt:4.2f}  err {err:.1e}  -> {dec}")
+        grows.append(
+            {
+                "n": n,
+                "k": k,
+                "mb": wb / 1e6,
+                "kernel_us": kt,
+                "fallback_us": ft,
+                "kernel_tbps": wb / kt / 1e6,
+                "fallback_tbps": wb / ft / 1e6,
+                "rel_err": err,
+                "dispatch": dec,
+                "kernel_spread": kn,
+                "fallback_spread": fn_,
+            }
+        )
+        print(
+            f"gemv N={n:6d} K={k:5d} ({wb / 1e6:6.0f} MB): kernel {kt:8.2f} us {wb / kt / 1e6:4.2f} TB/s  "
+            f"cuBLAS {ft:8.2f} us {wb / ft / 1e6:4.2f} TB/s  x{ft / kt:4.2f}  err {err:.1e}  -> {dec}"
+        )
         fb = n * k
         w8 = [(torch.randn(n, k, device=dev) * 3).to(torch.float8_e4m3fn) for _ in range(copies_for(fb))]
         sc = [torch.rand(n, device=dev) + 0.5 for _ in w8]
@@ -146,9 +197,25 @@ def main() -> None:
         ref = x.double() @ (w8[0].double() * sc[0].double()[:, None]).t()
         err8 = float((out.double() - ref).norm() / ref.norm())
         k8, _ = graph_time(kernel_caller(t, "fp8_gemv", x, w8, sc, out, ops.ROW_SCALE), len(w8))
-        f8, _ = graph_time(lambda i: F.linear(x, (w8[i].float() * sc[i][:, None]).bfloat16()), len(w8)) if fb < (1 << 30) else (float("nan"), 0)
-        frows.append({"n": n, "k": k, "mb": fb / 1e6, "kernel_us": k8, "fallback_us": f8, "kernel_tbps": fb / k8 / 1e6, "vs_bf16_kernel": kt / k8, "rel_err": err8})
-        print(f"fp8  N={n:6d} K={k:5d} ({fb / 1e6:6.0f} MB): kernel {k8:8.2f} us {fb / k8 / 1e6:4.2f} TB/s  dequant+linear {f8:9.2f} us  x{kt / k8:4.2f} vs own bf16  err {err8:.1e}")
+        f8, _ = (
+            graph_time(lambda i: F.linear(x, (w8[i].float() * sc[i][:, None]).bfloat16()), len(w8)) if fb < (1 << 30) else (float("nan"), 0)
+        )
+        frows.append(
+            {
+                "n": n,
+                "k": k,
+                "mb": fb / 1e6,
+                "kernel_us": k8,
+                "fallback_us": f8,
+                "kernel_tbps": fb / k8 / 1e6,
+                "vs_bf16_kernel": kt / k8,
+                "rel_err": err8,
+            }
+        )
+        print(
+            f"fp8  N={n:6d} K={k:5d} ({fb / 1e6:6.0f} MB): kernel {k8:8.2f} us {fb / k8 / 1e6:4.2f} TB/s  "
+            f"dequant+linear {f8:9.2f} us  x{kt / k8:4.2f} vs own bf16  err {err8:.1e}"
+        )
     res["gemv"] = grows
     res["fp8_gemv"] = frows
 
@@ -177,7 +244,10 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
     wall time must not exceed the fallback's. Rounds alternate op and fallback; the median of 5 rounds.
     """
     fb = {"router_gemm": ops._mm_fp32, "linear_bf16_fp32": ops._mm_fp32, "gemv": ops._linear, "fp8_gemv": ops._fp8_fallback}
-    cases = [("router_gemm", m, n, 7168) for m in (1, 4, 16) for n in (256, 384)] + [("router_gemm", 32, 256, 7168), ("router_gemm", 4, 1024, 7168)]
+    cases = [("router_gemm", m, n, 7168) for m in (1, 4, 16) for n in (256, 384)] + [
+        ("router_gemm", 32, 256, 7168),
+        ("router_gemm", 4, 1024, 7168),
+    ]
     cases += [("linear_bf16_fp32", m, n, 7168) for m in (1, 8) for n in (256, 4096)] + [("linear_bf16_fp32", 16, 4096, 7168)]
     cases += [("gemv", 1, n, k) for n, k in ((2048, 2048), (4096, 4096), (12288, 4096), (4096, 7168), (28672, 4096), (64, 512))]
     cases += [("fp8_gemv", 1, n, k) for n, k in ((4096, 4096), (2048, 7168), (56, 4096), (64, 512))]
@@ -197,8 +267,10 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
         f = statistics.median(r[1] for r in rounds)
         ok = (o <= f + 1.0) if path == "fallback" else (o <= f)
         rows.append({"op": op, "m": m, "n": n, "k": k, "path": path, "op_us": o, "fallback_us": f, "meets_target": ok})
-        print(f"eager {op:17s} M={m:2d} N={n:6d} K={k:5d} {path:8s}: op {o:6.2f} us  fallback {f:6.2f} us  "
-              f"diff {o - f:+5.2f} us  {'ok' if ok else 'MISSES TARGET'}")
+        print(
+            f"eager {op:17s} M={m:2d} N={n:6d} K={k:5d} {path:8s}: op {o:6.2f} us  fallback {f:6.2f} us  "
+            f"diff {o - f:+5.2f} us  {'ok' if ok else 'MISSES TARGET'}"
+        )
     res["eager"] = rows
     # pieces of the kernel path, for the record
     t = ops._table(0)

@@ -41,16 +41,26 @@ def no_downstream(monkeypatch: pytest.MonkeyPatch) -> None:
     hwprofile.reset()
 
 
-def tuned_toml(dev: object, thresholds: dict[str, object], /, *, plugin: str = "arch", version: str = "1.0", kernel: str = "", op: str = "router_gemm", **stamp_changes: object) -> str:
+def tuned_toml(
+    dev: object,
+    thresholds: dict[str, object],
+    /,
+    *,
+    plugin: str = "arch",
+    version: str = "1.0",
+    kernel: str = "",
+    op: str = "router_gemm",
+    **stamp_changes: object,
+) -> str:
     """A tuned-thresholds file whose stamp matches ``dev`` and the running fallback, unless changed."""
     import tomli_w
 
-    from hwprofile import stamps
+    from hwprofile import tuning as stamps
 
     st = stamps.current(op, dev, plugin, version, kernel, "2026-11-30").as_dict()
     for k, v in stamp_changes.items():
         if k.startswith("fallback_"):
-            st["fallback"][k[len("fallback_"):]] = v
+            st["fallback"][k[len("fallback_") :]] = v
         else:
             st[k] = v
     return tomli_w.dumps({"stamp": st, "thresholds": thresholds})

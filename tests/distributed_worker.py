@@ -47,7 +47,9 @@ def tuned_file() -> dict[str, str]:
     assert prof.plugin is not None
     kernel = prof.kernels["router_gemm"].source_digest(with_cuda_headers=False)
     f = OUT / f"tuned-{RANK}.toml"
-    f.write_text(tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel))
+    f.write_text(
+        tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel)
+    )
     return {"HWPROFILE_TUNED_FILE": str(f)}
 
 
@@ -74,21 +76,47 @@ def result(fn: Callable[[], Any]) -> dict[str, Any]:
         a = fn()
     except hwprofile.AgreementError as exc:
         return {
-            "ok": False, "seconds": time.perf_counter() - t0, "error": str(exc), "missing": list(exc.missing),
+            "ok": False,
+            "seconds": time.perf_counter() - t0,
+            "error": str(exc),
+            "missing": list(exc.missing),
             "differences": [
-                {"key": d.key, "values": {h.value: list(h.ranks) for h in d.holdings}, "sources": {h.value: list(h.sources) for h in d.holdings}}
+                {
+                    "key": d.key,
+                    "values": {h.value: list(h.ranks) for h in d.holdings},
+                    "sources": {h.value: list(h.sources) for h in d.holdings},
+                }
                 for d in exc.differences
             ],
         }
     except hwprofile.HwprofileError as exc:
         return {"ok": False, "seconds": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}"}
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        return {"ok": False, "seconds": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}", "unexpected": traceback.format_exc()}
+        return {
+            "ok": False,
+            "seconds": time.perf_counter() - t0,
+            "error": f"{type(exc).__name__}: {exc}",
+            "unexpected": traceback.format_exc(),
+        }
     return {
-        "ok": True, "seconds": time.perf_counter() - t0, "gathered": a.gathered, "size": a.size, "describe": a.describe(), "table": a.table(),
+        "ok": True,
+        "seconds": time.perf_counter() - t0,
+        "gathered": a.gathered,
+        "size": a.size,
+        "describe": a.describe(),
+        "table": a.table(),
         "models": [[n, sm, list(r)] for (n, sm), r in a.models.items()],
-        "ranks": [{"rank": r.rank, "device_index": r.device_index, "device_name": r.device_name, "host": r.host, "local_rank": r.local_rank,
-                   "fingerprint": r.fingerprint} for r in a.ranks],
+        "ranks": [
+            {
+                "rank": r.rank,
+                "device_index": r.device_index,
+                "device_name": r.device_name,
+                "host": r.host,
+                "local_rank": r.local_rank,
+                "fingerprint": r.fingerprint,
+            }
+            for r in a.ranks
+        ],
     }
 
 

@@ -56,8 +56,14 @@ def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def spec(inc: Path) -> KernelSpec:
     return KernelSpec(
-        "toy", "toy_cache_kernels", "k.cu", (EXPR,), lambda **kw: Launch(EXPR, (1, 1, 1), (32, 1, 1)),
-        options=(f"-I{inc}",), plugin="toy", distribution_version="toy 1.0",
+        "toy",
+        "toy_cache_kernels",
+        "k.cu",
+        (EXPR,),
+        lambda **kw: Launch(EXPR, (1, 1, 1), (32, 1, 1)),
+        options=(f"-I{inc}",),
+        plugin="toy",
+        distribution_version="toy 1.0",
     )
 
 
@@ -291,7 +297,8 @@ def test_clear_while_another_process_compiles_never_breaks_it(pkg: Path) -> None
         from hwprofile import jit
         from hwprofile.kernelspec import KernelSpec
         for i in range(12):
-            s = KernelSpec("toy", "toy_cache_kernels", "k.cu", (), None, options=("-I{pkg}", f"-DROUND={{i}}"), plugin="toy", distribution_version="toy 1.0")
+            opts = ("-I{pkg}", f"-DROUND={{i}}")
+            s = KernelSpec("toy", "toy_cache_kernels", "k.cu", (), None, options=opts, plugin="toy", distribution_version="toy 1.0")
             jit.compile_spec(s, "sm_90a", ("scale_kernel<2>",))
         print("ok")
     """)
@@ -309,7 +316,9 @@ def test_clear_while_another_process_compiles_never_breaks_it(pkg: Path) -> None
 
 
 @pytest.mark.parametrize("fault", ["cache_dir_is_a_file", "nvrtc_missing", "unexpected_in_cache", "source_gone"])
-def test_every_fault_reaches_ops_as_a_kernel_error_with_its_cause(pkg: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+def test_every_fault_reaches_ops_as_a_kernel_error_with_its_cause(
+    pkg: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
     s = spec(pkg)
     if fault == "cache_dir_is_a_file":
         f = tmp_path / "afile"
@@ -317,14 +326,18 @@ def test_every_fault_reaches_ops_as_a_kernel_error_with_its_cause(pkg: Path, tmp
         monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(f))
         cause = "is not a directory"
     elif fault == "nvrtc_missing":
+
         def gone() -> None:
             raise ToolchainError("cuda-python's NVRTC bindings are not importable (test)")
+
         monkeypatch.setattr(toolchain, "_nvrtc", gone)
         monkeypatch.setattr(toolchain, "nvrtc_version", lambda: (13, 0))
         cause = "NVRTC bindings are not importable"
     elif fault == "unexpected_in_cache":
+
         def boom(*a: object, **k: object) -> None:
             raise RuntimeError("disk on fire")
+
         monkeypatch.setattr(kcache, "read", boom)
         cause = "RuntimeError: disk on fire"
     else:
@@ -386,7 +399,9 @@ def test_ranks_of_one_host_compile_each_kernel_once(pkg: Path) -> None:
         print(jit.compile_spec(s, "sm_90a", ("{EXPR}",)).cached)
     """)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)
+    ]
     time.sleep(1.0)  # let them import
     for p in procs:
         assert p.stdin is not None
@@ -438,7 +453,9 @@ def test_directory_where_the_lock_file_should_be_is_a_warning(pkg: Path, caplog:
     assert "cannot use the kernel cache lock" in caplog.text
 
 
-def test_read_only_file_system_still_builds_with_one_warning(pkg: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_read_only_file_system_still_builds_with_one_warning(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """As the read-only directory test, but for any user (root included): creating a file fails with EROFS."""
     import errno
 

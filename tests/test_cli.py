@@ -122,4 +122,4 @@ def test_plugins_text(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "myengine")
     code, out, _ = run(capsys, "plugins", "--simulate", "dgx-spark")
     assert code == 0 and "sm120" in out and "(12, 1)->sm_121a" not in out and "12.1->sm_121a" in out
-    assert "disabled by HWPROFILE_DISABLE_PLUGINS: myengine" in out and "device 0 NVIDIA GB10 (sm_121): sm120 claims" in out
+    assert "disabled by HWPROFILE_DISABLE_PLUGINS: myengine" in out and "device 0 NVIDIA GB10 (sm_121, simulated): sm120 claims" in out

@@ -30,7 +30,9 @@ ENGINE = "myengine-hwprofile " + metadata.version("myengine-hwprofile")  # the e
 
 
 def environment(sim: str, env: Mapping[str, str] | None) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_") or k in ("HWPROFILE_CACHE_DIR", "HWPROFILE_CONFIG_DIR")}
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_") or k in ("HWPROFILE_CACHE_DIR", "HWPROFILE_CONFIG_DIR")
+    }
     return {**environ, "HWPROFILE_DEVICE": sim, **(env or {})}
 
 
@@ -44,9 +46,18 @@ def summary(rank: int, env: Mapping[str, str] | None = None, *, sim: str = "h200
     prof = resolve(environ, index)
     entries = hd.profile_entries(prof, environ)
     return hd.RankSummary(
-        rank=rank, host=host, local_rank=rank, device_index=index, device_name=prof.device.name, device_sm=prof.device.sm,
-        plugin=prof.plugin.label if prof.plugin else "none", target=prof.target or "-", fingerprint=prof.fingerprint,
-        digest=hd.entries_digest(entries, prof.fingerprint).hex(), entries=entries, disabled=hd.disabled_plugins(environ),
+        rank=rank,
+        host=host,
+        local_rank=rank,
+        device_index=index,
+        device_name=prof.device.name,
+        device_sm=prof.device.sm,
+        plugin=prof.plugin.label if prof.plugin else "none",
+        target=prof.target or "-",
+        fingerprint=prof.fingerprint,
+        digest=hd.entries_digest(entries, prof.fingerprint).hex(),
+        entries=entries,
+        disabled=hd.disabled_plugins(environ),
     )
 
 
@@ -68,8 +79,23 @@ def test_equal_profiles_have_equal_digests_and_no_difference(same: hd.RankSummar
 
 def test_what_is_compared(same: hd.RankSummary) -> None:
     e = same.entries
-    for key in ("hwprofile", "torch", "nvrtc", "device.name", "device.capability", "plugin", "plugin.target", "plugin.sm90", "plugin.myengine",
-                "setting.deterministic", "setting.strict", ROUTER, "env.CUDA_MODULE_LOADING", "kernel.router_gemm", "kernel.gemv"):
+    for key in (
+        "hwprofile",
+        "torch",
+        "nvrtc",
+        "device.name",
+        "device.capability",
+        "plugin",
+        "plugin.target",
+        "plugin.sm90",
+        "plugin.myengine",
+        "setting.deterministic",
+        "setting.strict",
+        ROUTER,
+        "env.CUDA_MODULE_LOADING",
+        "kernel.router_gemm",
+        "kernel.gemv",
+    ):
         assert key in e, key
     assert e["setting.deterministic"].scope == e["setting.strict"].scope == "job"
     assert e["device.name"].scope == "model" and e[ROUTER].scope == "device" and e["plugin.sm90"].scope == "present"
@@ -127,7 +153,9 @@ def test_tuned_file_on_one_rank(same: hd.RankSummary, tmp_path: Path) -> None:
     assert prof.plugin is not None
     kernel = prof.kernels["router_gemm"].source_digest(with_cuda_headers=False)
     f = tmp_path / "router.toml"
-    f.write_text(tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel))
+    f.write_text(
+        tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel)
+    )
     odd = summary(1, {"HWPROFILE_TUNED_FILE": str(f)})
     diffs, _ = hd.compare([same, odd])
     assert keys(diffs) == [ROUTER]
@@ -137,7 +165,15 @@ def test_tuned_file_on_one_rank(same: hd.RankSummary, tmp_path: Path) -> None:
 def test_stale_tuned_file_is_shown_as_ignored(same: hd.RankSummary, tmp_path: Path) -> None:
     """A rank whose tuned file is stale runs the shipped value: that agrees, and the summary says what was ignored."""
     f = tmp_path / "stale.toml"
-    f.write_text(tuned_toml(_device.simulated_detection("h200").device(0), {"router_gemm.max_tokens": 12}, plugin="sm90", version="0.0.1"))
+    f.write_text(
+        tuned_toml(
+            _device.simulated_detection("h200").device(0),
+            {"router_gemm.max_tokens": 12},
+            plugin="sm90",
+            version="0.1.0",
+            fallback_function="another fallback",
+        )
+    )
     odd = summary(1, {"HWPROFILE_TUNED_FILE": str(f)})
     assert hd.compare([same, odd])[0] == []
     assert "ignored" in odd.entries[ROUTER].source and str(f) in odd.entries[ROUTER].source
@@ -222,7 +258,9 @@ def test_rank_ranges() -> None:
 
 def test_agreement_error_is_exported_lazily() -> None:
     assert hwprofile.AgreementError is AgreementError and issubclass(AgreementError, hwprofile.HwprofileError)
-    code = "import sys, hwprofile; hwprofile.AgreementError; assert 'torch' not in sys.modules and 'hwprofile.distributed' not in sys.modules"
+    code = (
+        "import sys, hwprofile; hwprofile.AgreementError; assert 'torch' not in sys.modules and 'hwprofile.distributed' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

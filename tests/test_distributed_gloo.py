@@ -28,8 +28,11 @@ ENGINE = "myengine-hwprofile " + metadata.version("myengine-hwprofile")  # the e
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "PYTEST_"))}
     env.update(
-        HWPROFILE_DEVICE="h200", HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"], HWPROFILE_CONFIG_DIR=os.environ["HWPROFILE_CONFIG_DIR"],
-        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep), OMP_NUM_THREADS="1",
+        HWPROFILE_DEVICE="h200",
+        HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"],
+        HWPROFILE_CONFIG_DIR=os.environ["HWPROFILE_CONFIG_DIR"],
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        OMP_NUM_THREADS="1",
     )
     env.update(extra)
     return env
@@ -43,7 +46,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     procs = [
         subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "distributed_worker.py"), str(r), str(WORLD), str(store), str(out)],
-            env=_env(LOCAL_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=_env(LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for r in range(WORLD)
     ]
@@ -130,7 +136,10 @@ def test_each_rank_profiles_its_own_device(ranks: tuple[Path, float]) -> None:
     """HWPROFILE_DEVICE lists 4 GPUs; LOCAL_RANK picks each rank's own, as on a 4-GPU host before set_device."""
     (r0, *_) = results(ranks, "multi_gpu")
     assert [(x["device_index"], x["device_name"]) for x in r0["ranks"]] == [
-        (0, "NVIDIA H200"), (1, "NVIDIA GB300"), (2, "NVIDIA RTX PRO 6000 Blackwell Server Edition"), (3, "NVIDIA GB10"),
+        (0, "NVIDIA H200"),
+        (1, "NVIDIA GB300"),
+        (2, "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
+        (3, "NVIDIA GB10"),
     ]
 
 
@@ -174,4 +183,6 @@ def test_bringup_command_fails_on_disagreement() -> None:
 def test_bringup_command_outside_torchrun_says_how() -> None:
     env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     p = subprocess.run([sys.executable, "-m", "hwprofile.distributed"], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "not started by torchrun" in p.stderr and "torchrun --nproc-per-node N -m hwprofile.distributed" in p.stderr
+    assert (
+        p.returncode == 2 and "not started by torchrun" in p.stderr and "torchrun --nproc-per-node N -m hwprofile.distributed" in p.stderr
+    )

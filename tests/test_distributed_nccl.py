@@ -51,7 +51,10 @@ def _two_gpus() -> None:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep), HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"])
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"],
+    )
     return env
 
 
@@ -73,7 +76,18 @@ def test_nccl_agreement_and_forced_disagreement(tmp_path: Path) -> None:
 @pytest.mark.hwprofile_gpu
 def test_nccl_bringup_command() -> None:
     _two_gpus()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hwprofile.distributed", "--backend", "nccl"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hwprofile.distributed",
+        "--backend",
+        "nccl",
+    ]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "2 ranks on 1 host agree" in p.stdout and "cuda:1" in p.stdout

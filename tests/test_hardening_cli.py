@@ -14,8 +14,12 @@ from hwprofile.cli import main
 
 def hw(*args: str, env: dict[str, str] | None = None, stdout: object = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hwprofile.cli", *args], stdout=stdout, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **(env or {})}, timeout=120,
+        [sys.executable, "-m", "hwprofile.cli", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
     )
 
 
@@ -53,7 +57,9 @@ def test_new_plugin_into_an_unwritable_path(tmp_path: Path, capsys: pytest.Captu
     assert "cannot write the plugin into" in capsys.readouterr().err
 
 
-def test_cache_clear_over_a_directory_entry_and_a_file_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_clear_over_a_directory_entry_and_a_file_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)
     (d / "x.cubin").mkdir()
@@ -80,7 +86,9 @@ def test_bad_control_value_is_one_line() -> None:
     assert "HWPROFILE_CACHE='disabled' is not valid" in line
 
 
-def test_unexpected_error_is_one_line_and_the_traceback_is_opt_in(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unexpected_error_is_one_line_and_the_traceback_is_opt_in(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import hwprofile.cli as cli
 
     def broken(args: object) -> int:

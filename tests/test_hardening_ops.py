@@ -36,6 +36,7 @@ def _fault(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setenv("HWPROFILE_CACHE", "disabled")  # after the profile was built: only the jit sees it
         return "HWPROFILE_CACHE='disabled' is not valid"
     if kind == "nvrtc_missing":
+
         def gone() -> None:
             raise ToolchainError("cuda-python's NVRTC bindings are not importable (simulated)")
 
@@ -65,12 +66,18 @@ def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ops._Table:
 
 
 def _call(t: ops._Table) -> bool:
-    x, w, out = torch.zeros(1, 512, dtype=torch.bfloat16), torch.zeros(64, 512, dtype=torch.bfloat16), torch.empty(1, 64, dtype=torch.bfloat16)
+    x, w, out = (
+        torch.zeros(1, 512, dtype=torch.bfloat16),
+        torch.zeros(64, 512, dtype=torch.bfloat16),
+        torch.empty(1, 64, dtype=torch.bfloat16),
+    )
     return ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)
 
 
 @pytest.mark.parametrize("kind", FAULTS)
-def test_fault_is_the_documented_warning_and_the_fallback(table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+def test_fault_is_the_documented_warning_and_the_fallback(
+    table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
     cause = _fault(kind, tmp_path, monkeypatch)
     with pytest.warns(RuntimeWarning, match="gemv kernel unavailable, using the torch fallback") as w:
         assert _call(table) is False
@@ -78,7 +85,9 @@ def test_fault_is_the_documented_warning_and_the_fallback(table: ops._Table, tmp
 
 
 @pytest.mark.parametrize("kind", FAULTS)
-def test_fault_in_strict_mode_raises_a_kernel_error_naming_the_cause(table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+def test_fault_in_strict_mode_raises_a_kernel_error_naming_the_cause(
+    table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
     cause = _fault(kind, tmp_path, monkeypatch)
     table.strict = True
     with pytest.raises(KernelError, match=cause.replace("(", r"\(").replace(")", r"\)")):

@@ -50,7 +50,9 @@ def extra_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: igno
     ("var", "suggestion"),
     [("HWPROFILE_ROUTER_GEMM_MAX_TOKEN", "HWPROFILE_ROUTER_GEMM_MAX_TOKENS"), ("HWPROFILE_DISABLE_PLUGIN", "HWPROFILE_DISABLE_PLUGINS")],
 )
-def test_unknown_variable_warns_once_with_the_closest_name(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, var: str, suggestion: str) -> None:
+def test_unknown_variable_warns_once_with_the_closest_name(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, var: str, suggestion: str
+) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     monkeypatch.setenv(var, "4")
     hwprofile.reset()
@@ -68,7 +70,9 @@ def test_plugin_declared_variables_are_known(monkeypatch: pytest.MonkeyPatch, ca
     assert "unknown environment variable" not in caplog.text
 
 
-def test_unknown_name_in_disable_plugins_names_the_installed_ones(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_name_in_disable_plugins_names_the_installed_ones(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "sm9O")
     hwprofile.reset()
@@ -110,26 +114,32 @@ def test_hookimpl_matching_no_hook_is_an_error_naming_the_plugin() -> None:
 
 @pytest.mark.parametrize("name", ["X; touch /tmp/pwned #", "$(id)", "1ABC", "A B", "HWPROFILE_STRICT", "OK\n", "OK\nid"])
 def test_env_default_names_must_be_identifiers(extra_plugin, monkeypatch: pytest.MonkeyPatch, name: str) -> None:  # type: ignore[no-untyped-def]
-    extra_plugin("evil", f"""
+    extra_plugin(
+        "evil",
+        f"""
         from hwprofile import EnvDefault, hookimpl
 
         @hookimpl
         def hwprofile_env_defaults(device, settings):
             return {{{name!r}: EnvDefault("1", "why not")}}
-    """)
+    """,
+    )
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     with pytest.raises(SettingError, match=r"plugin evil \(hwprofile-evil 0.3.1\)"):
         hwprofile.profile(0)
 
 
 def test_env_export_quotes_values(extra_plugin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    extra_plugin("quoting", """
+    extra_plugin(
+        "quoting",
+        """
         from hwprofile import EnvDefault, hookimpl
 
         @hookimpl
         def hwprofile_env_defaults(device, settings):
             return {"ENGINE_FLAGS": EnvDefault("a'b $(id) `x`", "tricky value")}
-    """)
+    """,
+    )
     monkeypatch.delenv("ENGINE_FLAGS", raising=False)
     from hwprofile.cli import main
 
@@ -151,15 +161,21 @@ def test_arch_spec_shapes_are_checked(targets: object) -> None:
         Registry({}).register(Bad(), "bad", distribution="hwprofile-bad", version="2.0")
 
 
-@pytest.mark.parametrize(("hook", "ret"), [("hwprofile_kernels(device, target)", "7"), ("hwprofile_declare_settings()", "7"), ("hwprofile_kernels(device, target)", "'k.cu'")])
+@pytest.mark.parametrize(
+    ("hook", "ret"),
+    [("hwprofile_kernels(device, target)", "7"), ("hwprofile_declare_settings()", "7"), ("hwprofile_kernels(device, target)", "'k.cu'")],
+)
 def test_hook_return_types_are_checked(extra_plugin, monkeypatch: pytest.MonkeyPatch, hook: str, ret: str) -> None:  # type: ignore[no-untyped-def]
-    extra_plugin("shape", f"""
+    extra_plugin(
+        "shape",
+        f"""
         from hwprofile import hookimpl
 
         @hookimpl
         def {hook}:
             return {ret}
-    """)
+    """,
+    )
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     with pytest.raises((PluginError, SettingError), match=r"shape \(hwprofile-shape 0.3.1\).*must return a list"):
         hwprofile.profile(0)
@@ -169,24 +185,30 @@ def test_hook_return_types_are_checked(extra_plugin, monkeypatch: pytest.MonkeyP
 
 
 def test_profile_called_while_a_plugin_is_imported_names_it(extra_plugin, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    extra_plugin("eager", """
+    extra_plugin(
+        "eager",
+        """
         import hwprofile
         PROF = hwprofile.profile()
-    """)
+    """,
+    )
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     with pytest.raises(PluginError, match=r"profile\(\) was called while importing plugin eager \(hwprofile-eager 0.3.1\)"):
         hwprofile.profile(0)
 
 
 def test_profile_called_from_a_hook_names_the_plugin(extra_plugin, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    extra_plugin("loop", """
+    extra_plugin(
+        "loop",
+        """
         import hwprofile
         from hwprofile import hookimpl
 
         @hookimpl
         def hwprofile_settings(device, resolved):
             return {"router_gemm.max_tokens": hwprofile.profile()["router_gemm.max_tokens"]}
-    """)
+    """,
+    )
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     with pytest.raises(PluginError, match=r"running hwprofile_settings of plugin loop \(hwprofile-loop 0.3.1\)") as e:
         hwprofile.profile(0)
@@ -196,7 +218,9 @@ def test_profile_called_from_a_hook_names_the_plugin(extra_plugin, monkeypatch: 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # forking with threads is the point
 def test_fork_while_another_thread_resolves_leaves_the_child_able_to_profile(extra_plugin, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    extra_plugin("slow", """
+    extra_plugin(
+        "slow",
+        """
         import time
         from hwprofile import hookimpl
 
@@ -204,7 +228,8 @@ def test_fork_while_another_thread_resolves_leaves_the_child_able_to_profile(ext
         def hwprofile_settings(device, resolved):
             time.sleep(0.5)
             return None
-    """)
+    """,
+    )
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     inside = threading.Event()
     real_build = build_profile
@@ -234,12 +259,18 @@ def test_fork_while_another_thread_resolves_leaves_the_child_able_to_profile(ext
 
 
 def test_plugin_import_time_is_measured_shown_and_slow_ones_named(
-    extra_plugin, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]  # type: ignore[no-untyped-def]
+    extra_plugin,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
-    extra_plugin("sluggish", """
+    extra_plugin(
+        "sluggish",
+        """
         import time
         time.sleep(0.3)
-    """)
+    """,
+    )
     monkeypatch.setattr(registry, "SLOW_IMPORT_S", 0.2)
     caplog.set_level(logging.DEBUG, logger="hwprofile")
     from hwprofile.profiles import registry as loaded
@@ -263,6 +294,7 @@ def test_names_with_a_trailing_newline_are_refused() -> None:
     with pytest.raises(SettingError):
         Setting("eng.flag\n", "bool", False, "x")
     with pytest.raises(PluginError, match="sm_XYa"):
+
         class Nl:
             @hookimpl
             def hwprofile_arch(self) -> ArchSpec:

@@ -42,7 +42,16 @@ def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def spec(version: str = "toy 1.0", options: tuple[str, ...] = ()) -> KernelSpec:
-    return KernelSpec("toy", "toy_kernels", "k.cu", ("scale_kernel<2>",), lambda **kw: Launch("scale_kernel<2>", (1, 1, 1), (32, 1, 1)), options=options, plugin="toy", distribution_version=version)
+    return KernelSpec(
+        "toy",
+        "toy_kernels",
+        "k.cu",
+        ("scale_kernel<2>",),
+        lambda **kw: Launch("scale_kernel<2>", (1, 1, 1), (32, 1, 1)),
+        options=options,
+        plugin="toy",
+        distribution_version=version,
+    )
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"])
@@ -182,5 +191,9 @@ def test_hwprofile_compile_all_plugins_all_targets(capsys: pytest.CaptureFixture
 
     rows = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert {(r["target"], r["op"]) for r in rows} >= {(t, op) for t in ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a") for op in ("router_gemm", "gemv", "fp8_gemv", "linear_bf16_fp32")}
+    assert {(r["target"], r["op"]) for r in rows} >= {
+        (t, op)
+        for t in ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
+        for op in ("router_gemm", "gemv", "fp8_gemv", "linear_bf16_fp32")
+    }
     assert all(not r["errors"] and r["cubin_bytes"] > 0 for r in rows)

@@ -42,7 +42,9 @@ def hw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPro
     return subprocess.run([sys.executable, "-m", "hwprofile.cli", *args], capture_output=True, text=True, env=env or os.environ.copy())
 
 
-@pytest.mark.skipif(bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device")
+@pytest.mark.skipif(
+    bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device"
+)
 def test_guide_steps_for_sm89(tmp_path: Path) -> None:
     _, commands = doc_blocks()
     assert commands == [
@@ -51,8 +53,8 @@ def test_guide_steps_for_sm89(tmp_path: Path) -> None:
         "hwprofile show --simulate l40s",
         "hwprofile explain sm89.example_flag --simulate l40s",
         "hwprofile compile --arch sm_89",
-        "pytest hwprofile-sm89/tests",
-        "pip uninstall hwprofile-sm89",
+        "python -m pytest hwprofile-sm89/tests",
+        "pip uninstall -y hwprofile-sm89",
     ]
     pkg = tmp_path / "hwprofile-sm89"
     assert main(["new-plugin", "sm89", "--capability", "8.9", "--dir", str(pkg)]) == 0
@@ -60,13 +62,23 @@ def test_guide_steps_for_sm89(tmp_path: Path) -> None:
     subprocess.run([*pip, "install", "-q", "--no-deps", "--no-build-isolation", str(pkg)], check=True, capture_output=True)
     try:
         show = json.loads(hw("show", "--simulate", "l40s", "--json").stdout)
-        assert show["plugin"]["name"] == "sm89" and show["plugin"]["distribution"] == "hwprofile-sm89" and show["plugin"]["nvrtc_arch"] == "sm_89"
+        assert (
+            show["plugin"]["name"] == "sm89"
+            and show["plugin"]["distribution"] == "hwprofile-sm89"
+            and show["plugin"]["nvrtc_arch"] == "sm_89"
+        )
         flag = json.loads(hw("explain", "sm89.example_flag", "--simulate", "l40s", "--json").stdout)
-        assert flag["value"] is True and flag["source"] == "hwprofile-sm89 0.1.0" and flag["chain"][-1]["reason"] == "why this architecture wants the flag on"
+        assert (
+            flag["value"] is True
+            and flag["source"] == "hwprofile-sm89 0.1.0"
+            and flag["chain"][-1]["reason"] == "why this architecture wants the flag on"
+        )
         if sys.modules.get("cuda.bindings.nvrtc") or _has_nvrtc():
             rows = json.loads(hw("compile", "--arch", "sm_89", "--json").stdout)
             assert [(r["op"], r["target"], r["errors"]) for r in rows] == [("sm89_scale", "sm_89", [])] and rows[0]["cubin_bytes"] > 0
-        own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")], capture_output=True, text=True)
+        own = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")], capture_output=True, text=True
+        )
         assert own.returncode == 0, own.stdout[-2000:]
     finally:
         subprocess.run([*pip, "uninstall", "-y", "-q", "hwprofile-sm89"], check=True, capture_output=True)
@@ -84,8 +96,11 @@ def _has_nvrtc() -> bool:
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["Sm-89", "--capability", "8.9"], "plugin name 'Sm-89' is invalid"), (["sm89", "--capability", "89"], "write major.minor"),
-     (["sm89", "--capability", "8.9", "--target", "compute_89"], "--target 'compute_89' is invalid")],
+    [
+        (["Sm-89", "--capability", "8.9"], "plugin name 'Sm-89' is invalid"),
+        (["sm89", "--capability", "89"], "write major.minor"),
+        (["sm89", "--capability", "8.9", "--target", "compute_89"], "--target 'compute_89' is invalid"),
+    ],
 )
 def test_scaffold_input_errors(tmp_path: Path, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["new-plugin", *args, "--dir", str(tmp_path / "x")]) == 2

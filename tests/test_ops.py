@@ -99,9 +99,25 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize(
     ("n", "k", "path"),
-    [(2048, 7168, "kernel"), (4096, 4096, "kernel"), (7168, 2048, "fallback"), (7168, 16384, "fallback"), (12288, 4096, "fallback"),
-     (4104, 4096, "fallback"), (4096, 7680, "fallback"), (28672, 4096, "fallback"), (57344, 7168, "fallback"), (152064, 5120, "fallback"), (2048, 3584, "kernel"), (2048, 3000, "fallback"),
-     (2048, 256, "fallback"), (2050, 4096, "fallback"), (64, 512, "kernel"), (56, 512, "fallback"), (7168, 4608, "fallback")],
+    [
+        (2048, 7168, "kernel"),
+        (4096, 4096, "kernel"),
+        (7168, 2048, "fallback"),
+        (7168, 16384, "fallback"),
+        (12288, 4096, "fallback"),
+        (4104, 4096, "fallback"),
+        (4096, 7680, "fallback"),
+        (28672, 4096, "fallback"),
+        (57344, 7168, "fallback"),
+        (152064, 5120, "fallback"),
+        (2048, 3584, "kernel"),
+        (2048, 3000, "fallback"),
+        (2048, 256, "fallback"),
+        (2050, 4096, "fallback"),
+        (64, 512, "kernel"),
+        (56, 512, "fallback"),
+        (7168, 4608, "fallback"),
+    ],
 )
 def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch, n: int, k: int, path: str) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
@@ -174,7 +190,7 @@ def test_stats_shown_in_the_process_that_ran_ops(monkeypatch: pytest.MonkeyPatch
     for _ in range(3):
         t.count("gemv", "kernel")
     t.count("gemv", "fallback")
-    assert main(["show", "--stats"]) == 0
+    assert main(["show"]) == 0  # counters are shown whenever an op ran in this process
     out = capsys.readouterr().out
     assert "gemv" in out and "3" in out and "1" in out
     assert p.stats.as_dict()["gemv"] == {"kernel": 3, "fallback": 1}

@@ -40,7 +40,11 @@ def test_opcheck(op: str) -> None:
     """torch.library.opcheck: schema, fake implementation and dispatcher registrations agree with the real one."""
     custom = getattr(torch.ops.hwprofile, op).default
     # test_schema compares inputs with a multiply torch lacks for float8 on the CPU: not for fp8_gemv
-    utils = ("test_faketensor", "test_aot_dispatch_static") if op == "fp8_gemv" else ("test_schema", "test_faketensor", "test_aot_dispatch_static")
+    utils = (
+        ("test_faketensor", "test_aot_dispatch_static")
+        if op == "fp8_gemv"
+        else ("test_schema", "test_faketensor", "test_aot_dispatch_static")
+    )
     torch.library.opcheck(custom, args_for(op), test_utils=utils)
 
 
@@ -103,7 +107,9 @@ def test_compile_errors_name_the_argument() -> None:
         compiled(bf16(2, K), torch.randn(8, K))
 
 
-@pytest.mark.skipif(SIMULATE_ENV in os.environ, reason="inductor compiles C++ (~15 s on 2 cores): once per CI run, in the leg without a simulated device")
+@pytest.mark.skipif(
+    SIMULATE_ENV in os.environ, reason="inductor compiles C++ (~15 s on 2 cores): once per CI run, in the leg without a simulated device"
+)
 def test_compile_inductor() -> None:
     torch._dynamo.reset()
 

@@ -106,7 +106,11 @@ def test_device_is_accepted_as_torch_device_or_string(monkeypatch: pytest.Monkey
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
     p = hwprofile.profile(0)
-    assert hwprofile.profile("cuda:0") is p and hwprofile.profile(torch.device("cuda", 0)) is p and hwprofile.profile(torch.device("cuda:0")) is p
+    assert (
+        hwprofile.profile("cuda:0") is p
+        and hwprofile.profile(torch.device("cuda", 0)) is p
+        and hwprofile.profile(torch.device("cuda:0")) is p
+    )
     with pytest.raises(hwprofile.DeviceError, match="'cpu' is not a CUDA device"):
         hwprofile.profile("cpu")
 

@@ -32,7 +32,9 @@ def arch_plugin(targets: dict[tuple[int, int], str]) -> object:
      ("b300", "sm100", "sm_103a"), ("rtx-pro-6000", "sm120", "sm_120a"), ("rtx-5090", "sm120", "sm_120a"),
      ("dgx-spark", "sm120", "sm_121a"), ("l40s", None, None), ("a100", None, None)],
 )
-def test_installed_plugins_select_by_exact_capability(no_downstream: None, monkeypatch: pytest.MonkeyPatch, sim: str, plugin: str | None, target: str | None) -> None:
+def test_installed_plugins_select_by_exact_capability(
+    no_downstream: None, monkeypatch: pytest.MonkeyPatch, sim: str, plugin: str | None, target: str | None
+) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", sim)
     hwprofile.reset()
     prof = hwprofile.profile(0)

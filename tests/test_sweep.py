@@ -16,7 +16,13 @@ from hwprofile.sweep import Point
 
 def pt(m: int, kernel: float, fallback: float, n: int = 256, k: int = 7168, jitter: float = 0.005, seed: int = 0) -> Point:
     rnd = random.Random(seed * 1000 + m * 7 + n)
-    return Point(m, n, k, [kernel * (1 + rnd.uniform(-jitter, jitter)) for _ in range(15)], [fallback * (1 + rnd.uniform(-jitter, jitter)) for _ in range(15)])
+    return Point(
+        m,
+        n,
+        k,
+        [kernel * (1 + rnd.uniform(-jitter, jitter)) for _ in range(15)],
+        [fallback * (1 + rnd.uniform(-jitter, jitter)) for _ in range(15)],
+    )
 
 
 def test_verdict_respects_noise() -> None:
@@ -74,7 +80,13 @@ def h200(monkeypatch: pytest.MonkeyPatch) -> hwprofile.Profile:
 def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     timer = FakeTimer({m: (4.0, 7.0) if m <= 6 else (8.0, 7.0) for m in range(1, 17)})
     doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30")
-    assert doc["thresholds"] == {"router_gemm.max_tokens": 6, "router_gemm.min_n": 256, "router_gemm.max_n": 384, "router_gemm.min_k": 7168, "router_gemm.max_k": 7168}
+    assert doc["thresholds"] == {
+        "router_gemm.max_tokens": 6,
+        "router_gemm.min_n": 256,
+        "router_gemm.max_n": 384,
+        "router_gemm.min_k": 7168,
+        "router_gemm.max_k": 7168,
+    }
     st = doc["stamp"]
     assert st["plugin"] == "sm90" and st["compute_capability"] == [9, 0] and st["kernel"]
     assert st["fallback"]["function"] == "torch.mm(out_dtype=torch.float32)" and "torch" in st["fallback"] and "uuid" not in str(st).lower()
@@ -95,7 +107,7 @@ def test_tuned_file_for_other_gpu_is_stale_not_a_crash(h200: hwprofile.Profile, 
     reg = Registry(env).load_entry_points()
     spark = hwprofile.detect(env).devices[0]
     r = build_profile(spark, reg, env).explain("router_gemm.max_tokens")
-    assert r.winner.kind != "tuned" and "device capability" in r.chain[-1].stale
+    assert r.winner.kind != "tuned" and "compute capability 9.0" in r.chain[-1].stale
 
 
 def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:
@@ -105,10 +117,11 @@ def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_sweep_cli_refuses_simulated_device(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_cli_refuses_simulated_device(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from hwprofile.cli import main
 
-    assert main(["sweep", "router_gemm", "--simulate", "h200"]) == 2
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    assert main(["sweep", "router_gemm"]) == 2
     assert "simulated" in capsys.readouterr().err
 
 

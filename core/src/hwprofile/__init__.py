@@ -9,8 +9,6 @@ writes no environment variable. Everything below is loaded on first use.
     prof.apply_env()                                  # writes only env defaults the user did not set
 
 Plugin authors import from :mod:`hwprofile.plugin`.
-
-PYTEST_DONT_REWRITE
 """
 
 # Every public name is loaded on first access, not here: engines import hwprofile at start-up, and

@@ -9,8 +9,6 @@ Why: ``importlib.metadata.entry_points()`` parses every installed distribution's
 the matching ones, gives the same answer in a few ms. Zip imports fall back to ``importlib.metadata``.
 Equivalence: ``tests/test_entrypoints.py`` checks the answer against ``importlib.metadata`` for the
 installed plugins and for every installed distribution's version.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

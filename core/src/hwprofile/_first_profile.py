@@ -10,8 +10,6 @@ the profile while NVML shuts down. A first ``profile()`` then costs little more 
 "Start-up"). Equivalence: ``tests/test_first_profile.py`` checks that the overlapped path gives the
 profile the sequential path (:func:`hwprofile.device.detect`, then
 :func:`hwprofile.profiles.build_profile`) gives, and ``tests/test_device.py`` that no thread is left.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

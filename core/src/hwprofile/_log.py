@@ -8,8 +8,6 @@ reach logging's last-resort handler. :class:`LazyLogger` does exactly that witho
 drops debug/info records while :mod:`logging` is not loaded, and hands everything else (and
 everything, once :mod:`logging` is loaded) to ``logging.getLogger(name)``. pytest's ``caplog`` and
 an engine's logging configuration see every record, as with a plain logger.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -3,14 +3,15 @@
 Values are the vendors' published specifications (memory as NVML reports it where known). They
 feed everything that is decided from device facts, so CI can exercise an architecture's code paths
 on a CPU-only machine: ``HWPROFILE_DEVICE=rtx-pro-6000`` behaves like that card for selection,
-settings and kernel compilation (not for running kernels).
-
-PYTEST_DONT_REWRITE
+settings and kernel compilation (not for running kernels). Any other capability can be simulated
+by name (``sm_110``, ``11.0``), and plugins add entries for the GPUs they serve through the
+``hwprofile_catalog`` hook.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from .errors import DeviceError
@@ -73,14 +74,95 @@ for _alias, _base in _GENERIC.items():
     )
 
 
-def lookup(name: str) -> CatalogEntry:
-    """Return the catalog entry for ``name`` (case-insensitive), or raise listing the known names."""
+_GENERIC_RE = re.compile(r"(?:sm[-_]?(\d{2,3})[af]?|(\d{1,2})\.(\d))")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+def _key(name: str) -> str:
     key = name.strip().lower()
-    key = re.sub(r"[-_]", "", key) if re.fullmatch(r"sm[-_]?\d+", key) else key.replace("_", "-")
-    try:
-        return CATALOG[key]
-    except KeyError:
-        known = ", ".join(sorted(CATALOG))
-        raise DeviceError(
-            f"unknown simulated device {name!r} (from HWPROFILE_DEVICE or --simulate); known devices: {known}"
-        ) from None
+    return re.sub(r"[-_]", "", key) if re.fullmatch(r"sm[-_]?\d+", key) else key.replace("_", "-")
+
+
+def parse_capability(name: str) -> tuple[int, int] | None:
+    """``"sm_110"``, ``"sm110a"``, ``"11.0"`` -> ``(11, 0)``; ``None`` for anything else."""
+    m = _GENERIC_RE.fullmatch(name.strip().lower())
+    if m is None:
+        return None
+    if m.group(1):
+        digits = m.group(1)
+        return int(digits[:-1]), int(digits[-1])
+    return int(m.group(2)), int(m.group(3))
+
+
+def generic(cc: tuple[int, int]) -> CatalogEntry:
+    """A simulated device of exactly capability ``cc``, named ``"Simulated sm_XY"``.
+
+    Selection and kernel targets depend only on the capability; the resources (SM count, shared
+    memory, L2, memory) are borrowed from a built-in GPU of that capability when there is one, else
+    from the closest lower capability, so launch planning sees plausible numbers. A plugin's named
+    entry (:func:`plugin_entries`) is the way to simulate a GPU whose numbers matter.
+    """
+    real = [e for e in CATALOG.values() if not e.name.startswith("Simulated ")]
+    same = [e for e in real if e.compute_capability == cc]
+    lower = sorted((e for e in real if e.compute_capability <= cc), key=lambda e: e.compute_capability)
+    base = same[0] if same else (lower[-1] if lower else min(real, key=lambda e: e.compute_capability))
+    return base._replace(name=f"Simulated sm_{cc[0]}{cc[1]}", compute_capability=cc)
+
+
+def plugin_entries() -> dict[str, CatalogEntry]:
+    """Catalog entries contributed by installed plugins (hook ``hwprofile_catalog``), by name.
+
+    Loads the plugins, so it is only asked when a name is neither built in nor a capability.
+    """
+    from .errors import PluginError
+    from .profiles import registry
+
+    reg = registry()
+    out: dict[str, CatalogEntry] = {}
+    by: dict[str, str] = {}
+    for info in sorted(reg.plugins.values(), key=lambda p: p.name):
+        got = reg._call_plugin("hwprofile_catalog", info)
+        if got is None:
+            continue
+        if not isinstance(got, Mapping):
+            raise PluginError(
+                f"plugin {info.label}: hwprofile_catalog must return a dict of name -> hwprofile.plugin.CatalogEntry, "
+                f"got {type(got).__name__}"
+            )
+        for name, entry in got.items():
+            key = _key(str(name))
+            if not isinstance(name, str) or not _NAME_RE.match(key) or parse_capability(key) is not None:
+                raise PluginError(
+                    f"plugin {info.label}: catalog name {name!r} is invalid; use lower-case letters, digits and '-' "
+                    "(e.g. 'jetson-thor'); 'sm_XY' and 'X.Y' names are generic and built in"
+                )
+            if not isinstance(entry, CatalogEntry):
+                raise PluginError(
+                    f"plugin {info.label}: catalog entry {name!r} must be a hwprofile.plugin.CatalogEntry, got {type(entry).__name__}"
+                )
+            if key in CATALOG:
+                raise PluginError(f"plugin {info.label}: catalog entry {name!r} is built into hwprofile; choose another name")
+            if key in out:
+                raise PluginError(f"catalog entry {name!r} is contributed twice: by {by[key]} and by {info.label}")
+            out[key], by[key] = entry, info.label
+    return out
+
+
+def lookup(name: str) -> CatalogEntry:
+    """The catalog entry for ``name`` (case-insensitive): a built-in GPU, a generic capability
+    (``sm_110``, ``11.0``) or a plugin's entry; otherwise an error listing what is known."""
+    key = _key(name)
+    found = CATALOG.get(key)
+    if found is not None:
+        return found
+    cc = parse_capability(key)
+    if cc is not None:
+        return generic(cc)
+    extra = plugin_entries()
+    if key in extra:
+        return extra[key]
+    known = ", ".join(sorted({*CATALOG, *extra}))
+    raise DeviceError(
+        f"unknown simulated device {name!r} (from HWPROFILE_DEVICE, --simulate or --hwprofile-device); known devices: {known}; "
+        "or any capability as sm_XY or X.Y (e.g. sm_110); list them with 'hwprofile devices'"
+    )

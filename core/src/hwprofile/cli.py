@@ -1,8 +1,6 @@
-"""``hwprofile`` command line: show | plugins | explain | env | doctor | compile | cache.
+"""``hwprofile`` command line: show | plugins | devices | explain | env | doctor | compile | cache | sweep | new-plugin.
 
 Library code logs; this module prints. A user error prints one line and exits 2, no traceback.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -16,12 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import HwprofileError
+from .errors import HwprofileError, ToolchainError
 from .optable import OPS
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
     def line(r: list[str]) -> str:
         return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
 
@@ -30,6 +29,22 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (bool, str)) or v is None else str(v)
+
+
+def _sm(d: Any) -> str:
+    return f"{d.sm}, simulated" if d.simulated else d.sm
+
+
+def _progress(enabled: bool, width: int) -> Any:
+    """A progress callback drawing a bar on stderr, or ``None`` when stderr is not a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+
+    def progress(done: int, total: int, what: str) -> None:
+        bar = "#" * (20 * done // total)
+        print(f"\r[{bar:<20}] {done}/{total} {what}".ljust(width), end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    return progress
 
 
 def _profile(args: argparse.Namespace) -> Any:
@@ -59,9 +74,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  why: {prof.selection.reason}")
     print(f"fingerprint: {prof.fingerprint}\n")
     def note(s: Any) -> str:
+        # short: `hwprofile explain KEY` has the detail
         notes = [] if s.setting.bit_identical else ["not bit-identical"]
-        notes += [f"STALE: {s.winner.stale}"] if s.winner.stale else []
-        notes += [f"ignored stale {x.kind}: {x.stale}" for x in s.chain if not x.applied]
+        notes += ["STALE (see explain)"] if s.winner.stale else []
+        notes += [f"stale {x.kind} value ignored" for x in s.chain if not x.applied]
         return "; ".join(notes)
 
     rows = [[k, _fmt(s.value), s.winner.source, note(s)] for k, s in prof.settings.items()]
@@ -74,11 +90,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print()
         rows = [[op, s.plugin, s.source, str(len(s.instances))] for op, s in prof.kernels.items()]
         print(_table(rows, ["kernel", "plugin", "source", "instances"]))
-    if args.stats:
+    if prof.stats.counts:  # only when an engine calls main(["show"]) in its own process
         print()
-        stats = prof.stats.as_dict()
-        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in stats.items()]
-        rows = rows or [["(no op ran in this process: call hwprofile.cli.main(['show', '--stats']) from the engine)", "", ""]]
+        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in prof.stats.as_dict().items()]
         print(_table(rows, ["op", "kernel calls", "fallback calls"]))
     return 0
 
@@ -114,19 +128,98 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for d in det.devices:
         try:
             s = reg.select(d)
-            print(f"device {d.index} {d.name} ({d.sm}): {s.reason}")
+            print(f"device {d.index} {d.name} ({_sm(d)}): {s.reason}")
         except HwprofileError as exc:
-            print(f"device {d.index} {d.name} ({d.sm}): error: {exc}")
+            print(f"device {d.index} {d.name} ({_sm(d)}): error: {exc}")
     if not det.devices:
         print(f"no device: {det.reason}")
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    """The devices this process sees, then every device that can be simulated (built in, from plugins)."""
+    from . import catalog, device
+
+    det = device.detect()
+    extra: dict[str, Any] = {}
+    extra_error = None
+    try:
+        extra = catalog.plugin_entries()
+    except HwprofileError as exc:  # a broken plugin must not hide the built-in list
+        extra_error = str(exc)
+    sims = [(k, e, "hwprofile") for k, e in catalog.CATALOG.items()] + [(k, e, "plugin") for k, e in extra.items()]
+    if args.json:
+        out = {
+            "visible": [d.as_dict() for d in det.devices],
+            "visible_reason": det.reason,
+            "simulatable": [
+                {"name": k, "device": e.name, "compute_capability": list(e.compute_capability), "memory_bytes": e.memory_bytes,
+                 "sm_count": e.sm_count, "from": src}
+                for k, e, src in sims
+            ],
+            "generic": "any capability as sm_XY or X.Y (e.g. sm_110, 11.0)",
+            "plugin_error": extra_error,
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    if det.devices:
+        for d in det.devices:
+            print(f"device {d.index}: {d.name} ({_sm(d)})")
+    else:
+        print(f"no visible device: {det.reason}")
+    print()
+    rows = [[k, e.name, f"{e.compute_capability[0]}.{e.compute_capability[1]}", f"{e.memory_bytes / 2**30:.0f} GiB", str(e.sm_count), src]
+            for k, e, src in sims]
+    print(_table(rows, ["simulate with", "device", "capability", "memory", "SMs", "from"]))
+    print("\nalso any capability as sm_XY or X.Y (e.g. --simulate sm_110); a comma list simulates several GPUs")
+    if extra_error:
+        print(f"plugin catalog entries unavailable: {extra_error}", file=sys.stderr)
+    return 0
+
+
+def version_text() -> str:
+    """``hwprofile --version``: core, then every plugin, from package metadata (no plugin is imported)."""
+    from . import __version__
+    from ._entrypoints import find_entry_points
+    from .registry import ENTRY_POINT_GROUP
+
+    lines = [f"hwprofile {__version__} (Python {sys.version.split()[0]})"]
+    for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name):
+        lines.append(f"  plugin {ep.name}: {ep.distribution or '?'} {ep.version or '?'}")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, help="print hwprofile's and every plugin's version")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     prof = _profile(args)
+    if args.list or args.key is None:
+        if args.json:
+            print(json.dumps({k: {"value": s.value, "source": s.winner.source, "doc": s.setting.doc, "env_var": s.setting.env_var}
+                              for k, s in prof.settings.items()}, indent=2, default=str))
+            return 0
+        rows = [[k, _fmt(s.value), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
+        print(_table(rows, ["setting", "value", "override with", "what it does"]))
+        if not args.list:
+            print("\nhwprofile explain KEY shows where a value comes from")
+        return 0
     r = prof.explain(args.key)
     if args.json:
-        print(json.dumps(r.as_dict(), indent=2, default=str))
+        from . import tuning
+
+        doc = r.as_dict()
+        for layer, out in zip(r.chain, doc["chain"], strict=True):
+            if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
+                c = tuning.assess(prof, layer.stamp)
+                out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
+        print(json.dumps(doc, indent=2, default=str))
         return 0
     s = r.setting
     print(f"{s.key} = {_fmt(r.value)}   (from {r.winner.source})")
@@ -138,11 +231,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
         why = f"  ({layer.reason})" if layer.reason else ""
         print(f"   {mark} {layer.kind:<10} {_fmt(layer.value):<8} {layer.source}{why}")
         if layer.stamp is not None:
+            from . import tuning
+
             st = layer.stamp
             fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
             print(f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, kernel {st.kernel[:12]}, against {fb}")
-        if layer.stale:
-            print(f"        STALE{' (ignored)' if not layer.applied else ''}: {layer.stale}; re-measure with: hwprofile sweep {st.op}")
+            c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
+            for what in c.stale:
+                print(f"        STALE{' (ignored)' if not layer.applied else ''}: {what}")
+            for what in c.notes:
+                print(f"        note: {what}")
+            for what in c.unknown:
+                print(f"        {what}")
+            if c.stale:
+                print(f"        re-measure with: hwprofile sweep {st.op}")
     return 0
 
 
@@ -166,15 +268,11 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import run_checks
+    from .doctor import collect, render
 
-    checks = run_checks()
-    if args.json:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
-    else:
-        for c in checks:
-            print(f"[{c.status:>4}] {c.name}: {c.detail}" + (f"\n        fix: {c.fix}" if c.fix else ""))
-    return 1 if any(c.status == "FAIL" for c in checks) else 0
+    report = collect()
+    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report))
+    return 1 if report.failed else 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -204,15 +302,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not work:
         print("nothing to compile: no architecture plugin is installed")
         return 0
+    try:  # once, before any kernel: a missing NVRTC is one line, not one error per kernel instance
+        jit.check_toolchain()
+    except ToolchainError as exc:
+        raise HwprofileError(f"cannot compile: {exc}") from None
     t0 = time.perf_counter()
-
-    def progress(done: int, total: int, what: str) -> None:
-        if not args.json:
-            bar = "#" * (20 * done // total)
-            end = "\n" if done == total else ""
-            print(f"\r[{bar:<20}] {done}/{total} {what}".ljust(60), end=end, file=sys.stderr, flush=True)
-
-    reports = jit.compile_all(work, args.jobs, progress)
+    reports = jit.compile_all(work, args.jobs, _progress(not args.json, 60))
     failed = [r for r in reports if r.errors]
     if args.json:
         out = [
@@ -278,7 +373,7 @@ def _ints(text: str | None) -> list[int] | None:
 def cmd_sweep(args: argparse.Namespace) -> int:
 
     from . import sweep
-    from .profiles import tuned_dir
+    from .tuning import tuned_dir
 
     prof = _profile(args)
     if prof.device.simulated:
@@ -298,18 +393,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if ms or ns or ks:
         grid = [(m, n, k) for m in (ms or sorted({g[0] for g in grid})) for n in (ns or sorted({g[1] for g in grid})) for k in (ks or sorted({g[2] for g in grid}))]
 
-    def progress(done: int, total: int, what: str) -> None:
-        bar = "#" * (20 * done // total)
-        print(f"\r[{bar:<20}] {done}/{total} {what}".ljust(70), end="\n" if done == total else "", file=sys.stderr, flush=True)
-
-    doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=progress)
+    doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70))
     rows = [[str(r["m"]), str(r["n"]), str(r["k"]), f"{r['kernel_us']:.2f}", f"{r['fallback_us']:.2f}", f"{100 * r['noise']:.1f}%", r["verdict"]] for r in doc["measurements"]]
     print(_table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
     print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
     out = args.output or tuned_dir(prof.device, os.environ) / f"{args.op}.toml"
-    sweep.write(doc, out)
+    samples = sweep.write(doc, out)
+    if samples is not None:
+        print(f"wrote {samples} (raw measurements)")
     print(f"wrote {out} (stamped against {doc['stamp']['fallback']['function']}, torch {doc['stamp']['fallback']['torch']}, cuBLAS {doc['stamp']['fallback']['cublas']})")
     if args.plot:
         sweep.plot(doc, args.plot)
@@ -325,33 +418,42 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
-    print(f"next: pip install {directory} && pytest {directory / 'tests'} && hwprofile compile --arch {target}")
+    print(scaffold.hint(directory, target))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
-    common.add_argument("--simulate", metavar="NAME", help="simulate a catalog GPU (sets HWPROFILE_DEVICE), e.g. h200 or gb300,rtx-pro-6000")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
+    # Each subcommand takes only the flags it honours.
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
+    simulate = argparse.ArgumentParser(add_help=False)
+    simulate.add_argument(
+        "--simulate", metavar="NAME",
+        help="simulate a GPU (sets HWPROFILE_DEVICE): a name from 'hwprofile devices', sm_XY / X.Y, or a comma list",
+    )
+    js = argparse.ArgumentParser(add_help=False)
+    js.add_argument("--json", action="store_true", help="machine-readable output")
     p = argparse.ArgumentParser(prog="hwprofile", description="Per-architecture GPU profiles for inference engines.")
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("show", parents=[common], help="device, selected plugin, settings, env defaults, kernels")
-    s.add_argument("--stats", action="store_true", help="kernel/fallback counters of the ops run in this process")
-    s.set_defaults(fn=cmd_show)
-    sub.add_parser("plugins", parents=[common], help="installed plugins and what they claim").set_defaults(fn=cmd_plugins)
-    s = sub.add_parser("explain", parents=[common], help="the whole provenance chain of one setting")
-    s.add_argument("key")
+    sub.add_parser("show", parents=[device, simulate, js], help="device, selected plugin, settings, env defaults, kernels").set_defaults(fn=cmd_show)
+    sub.add_parser("plugins", parents=[simulate, js], help="installed plugins and what they claim").set_defaults(fn=cmd_plugins)
+    sub.add_parser("devices", parents=[simulate, js], help="visible devices and every device that can be simulated").set_defaults(fn=cmd_devices)
+    s = sub.add_parser("explain", parents=[device, simulate, js], help="the whole provenance chain of one setting (--list: every key)")
+    s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens")
+    s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
-    s = sub.add_parser("env", parents=[common], help="env defaults that would be applied (never ones you set)")
+    s = sub.add_parser("env", parents=[device, simulate, js], help="env defaults that would be applied (never ones you set)")
     s.add_argument("--export", action="store_true", help="print 'export NAME=value' lines for eval")
     s.set_defaults(fn=cmd_env)
-    sub.add_parser("doctor", parents=[common], help="check NVML, driver, cuda-python, NVRTC and headers").set_defaults(fn=cmd_doctor)
-    s = sub.add_parser("compile", parents=[common], help="compile every plugin kernel for its targets (no GPU needed)")
+    sub.add_parser(
+        "doctor", parents=[js], help="versions, environment and checks of NVML, driver, cuda-python, NVRTC and headers",
+    ).set_defaults(fn=cmd_doctor)
+    s = sub.add_parser("compile", parents=[js], help="compile every plugin kernel for its targets (no GPU needed)")
     s.add_argument("--arch", default="all", help="comma list of targets (sm_90a,sm_100a,sm_120a) or 'all'")
     s.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     s.set_defaults(fn=cmd_compile)
-    s = sub.add_parser("sweep", parents=[common], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
+    s = sub.add_parser("sweep", parents=[device], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
     s.add_argument("op", choices=list(OPS))
     s.add_argument("--m", help="tokens: 1..16 or 1,2,4 (router_gemm, linear_bf16_fp32)")
     s.add_argument("--n", help="output features: 256,384 or a range")
@@ -368,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", help="NVRTC target (default sm_<major><minor>)")
     s.add_argument("--dir", type=Path, help="where to write it (default ./hwprofile-<name>)")
     s.set_defaults(fn=cmd_new_plugin)
-    s = sub.add_parser("cache", parents=[common], help="show or clear the kernel cache")
+    s = sub.add_parser("cache", help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     s.set_defaults(fn=cmd_cache)
     return p

@@ -4,8 +4,6 @@ Detection reads NVML only (no ``cuInit``, no torch), so a process can detect and
 Driver attributes that only CUDA knows (SM count, opt-in shared memory, L2 size) are read through
 cuda-python on demand, by :meth:`DeviceInfo.attributes`, and their absence is not an error.
 Simulated devices (``HWPROFILE_DEVICE``) come from :mod:`hwprofile.catalog`.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

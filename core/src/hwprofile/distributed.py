@@ -18,8 +18,6 @@ differing keys, values, provenance, ranks and hosts. Every rank takes the same p
 rank sees the same gathered digests.
 
 ``torchrun --nproc-per-node N -m hwprofile.distributed`` is the bring-up command (see ``main``).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from . import __version__
+from . import __version__, _state
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import AgreementError, HwprofileError
@@ -458,7 +456,9 @@ def compare(summaries: Sequence[RankSummary], mixed: str = "error") -> tuple[lis
     if not diffs:  # equal keys but different digests: the fingerprint (or the digest scheme itself) differs
         for g in [[s for s in summaries if s.model == m] for m in models] if mixed == "allow" else [list(summaries)]:
             d = _difference("fingerprint", "job", g, lambda s: Entry(s.fingerprint, "the profile's fingerprint", "job"))
-            d = d or _difference("digest", "job", g, lambda s: Entry(s.digest[:16], "the agreement digest (another hwprofile version?)", "job"))
+            d = d or _difference(
+                "digest", "job", g, lambda s: Entry(s.digest[:16], "the agreement digest (another hwprofile version?)", "job")
+            )
             if d is not None:
                 diffs.append(d)
     return diffs, {m: tuple(r) for m, r in models.items()}
@@ -516,7 +516,9 @@ def _absent_reason(key: str, s: RankSummary) -> str:
 _MAX_LISTED = 16
 
 
-def _message(diffs: Sequence[Difference], summaries: Sequence[RankSummary], models: Mapping[tuple[str, str], tuple[int, ...]], mixed: str) -> str:
+def _message(
+    diffs: Sequence[Difference], summaries: Sequence[RankSummary], models: Mapping[tuple[str, str], tuple[int, ...]], mixed: str
+) -> str:
     n = len(summaries)
     lines = [
         f"hwprofile: the {n} ranks of the process group do not agree on their profiles: {len(diffs)} key(s) differ "
@@ -559,12 +561,19 @@ def _seconds(timeout: float | timedelta | None) -> float | None:
         return None
     s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     if not s > 0:
-        raise ValueError(f"check_agreement(timeout={timeout!r}): give a positive number of seconds, or None for the process group's timeout")
+        raise ValueError(
+            f"check_agreement(timeout={timeout!r}): give a positive number of seconds, or None for the process group's timeout"
+        )
     return s
 
 
 def check_agreement(
-    group: Any = None, *, device: int | None = None, mixed: str = "error", timeout: float | timedelta | None = None, gather: bool = False,
+    group: Any = None,
+    *,
+    device: int | None = None,
+    mixed: str = "error",
+    timeout: float | timedelta | None = None,
+    gather: bool = False,
 ) -> Agreement:
     """Check that every rank of ``group`` (default: the world) resolved the same profile.
 
@@ -622,7 +631,10 @@ def check_agreement(
     if len({r[0] for r in records}) == 1 and not gather:
         prep.summaries = tuple(
             mine.replace(
-                rank=rank, host=r[4].rstrip(b"\0").decode(errors="replace"), local_rank=None if r[3] < 0 else r[3], device_index=r[2],
+                rank=rank,
+                host=r[4].rstrip(b"\0").decode(errors="replace"),
+                local_rank=None if r[3] < 0 else r[3],
+                device_index=r[2],
                 fingerprint=r[1].hex(),
             )
             for rank, r in zip(ranks, records, strict=True)
@@ -640,8 +652,8 @@ def check_agreement(
     agreement = Agreement(summaries, models, mixed, gathered=True, seconds=time.perf_counter() - t0)
     if len(models) > 1 and me == ranks[0]:
         log.warning(
-            "%s. Kernels and thresholds follow each model, so results differ between the models in the last bits; "
-            "everything else agrees.", agreement.describe(),
+            "%s. Kernels and thresholds follow each model, so results differ between the models in the last bits; everything else agrees.",
+            agreement.describe(),
         )
     return agreement
 
@@ -658,7 +670,9 @@ def _group_info(dist: Any, group: Any) -> tuple[Any, tuple[int, ...], int, bool,
     if hit is not None and hit[0]() is pg:
         return pg, hit[1], hit[2], hit[3], hit[4]
     if dist.get_rank(pg) < 0:
-        raise HwprofileError(f"check_agreement: rank {dist.get_rank()} is not a member of the group it was given; call it on the group's ranks only")
+        raise HwprofileError(
+            f"check_agreement: rank {dist.get_rank()} is not a member of the group it was given; call it on the group's ranks only"
+        )
     ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
     backend = str(dist.get_backend(pg)).lower()
     cuda = "nccl" in backend and "gloo" not in backend  # a combined "cpu:gloo,cuda:nccl" group gathers CPU tensors over gloo
@@ -699,19 +713,43 @@ def _prepare(torch: Any, pg: Any, tag: str, size: int, index: int, prof: Profile
     entries, digest = _local(prof)
     host = socket.gethostname()
     mine = RankSummary(
-        rank=me, host=host, local_rank=local_rank, device_index=index, device_name=prof.device.name, device_sm=prof.device.sm,
-        plugin=prof.plugin.label if prof.plugin else "none", target=prof.target or "-", fingerprint=prof.fingerprint, digest=digest.hex(),
-        entries=entries, disabled=disabled,
+        rank=me,
+        host=host,
+        local_rank=local_rank,
+        device_index=index,
+        device_name=prof.device.name,
+        device_sm=prof.device.sm,
+        plugin=prof.plugin.label if prof.plugin else "none",
+        target=prof.target or "-",
+        fingerprint=prof.fingerprint,
+        digest=digest.hex(),
+        entries=entries,
+        disabled=disabled,
     )
     dev = torch.device("cuda", cuda_index) if cuda else torch.device("cpu")
-    record = _RECORD.pack(digest, bytes.fromhex(prof.fingerprint[:16].ljust(16, "0")), index, -1 if local_rank is None else local_rank, host.encode()[:84])
+    record = _RECORD.pack(
+        digest, bytes.fromhex(prof.fingerprint[:16].ljust(16, "0")), index, -1 if local_rank is None else local_rank, host.encode()[:84]
+    )
     inp = torch.frombuffer(bytearray(record), dtype=torch.uint8).to(dev)
     out = torch.empty(size * RECORD_BYTES, dtype=torch.uint8, device=dev)
     prep = _prepared[(tag, index)] = _Prepared(pg, prof, mine, inp, out, cuda_index)
     return prep
 
 
-def _missing_error(dist: Any, tag: str, seq: int, me: int, ranks: Sequence[int], wait_s: float | None, exc: BaseException) -> AgreementError:
+@_state.on_reset
+def _forget_profiles() -> None:
+    """After ``hwprofile.reset()``: drop the summaries and gather buffers built for the old profiles.
+
+    ``_calls`` stays: it numbers store keys, which must stay in step with the other ranks.
+    """
+    _local_cache.clear()
+    _prepared.clear()
+    _warned_devices.clear()
+
+
+def _missing_error(
+    dist: Any, tag: str, seq: int, me: int, ranks: Sequence[int], wait_s: float | None, exc: BaseException
+) -> AgreementError:
     """After a failed wait: mark this rank as arrived in the group's store, give the others a moment, name who never came."""
     missing: list[int] = []
     arrived: list[int] = []
@@ -824,7 +862,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
     if backend == "nccl":
         if not torch.cuda.is_available():
-            print(f"hwprofile.distributed: rank {rank}: error: --backend nccl needs a GPU that torch can use; use --backend gloo", file=sys.stderr)
+            print(
+                f"hwprofile.distributed: rank {rank}: error: --backend nccl needs a GPU that torch can use; use --backend gloo",
+                file=sys.stderr,
+            )
             return 2
         local = _local_rank() or 0
         torch.cuda.set_device(local % torch.cuda.device_count())
@@ -864,8 +905,16 @@ _HEADER: Final[list[str]] = ["rank", "host", "local", "device", "model", "plugin
 
 
 def _row_cells(r: RankSummary) -> list[str]:
-    return [str(r.rank), r.host, "-" if r.local_rank is None else str(r.local_rank), f"cuda:{r.device_index}", f"{r.device_name} ({r.device_sm})",
-            r.plugin, r.target, r.fingerprint]
+    return [
+        str(r.rank),
+        r.host,
+        "-" if r.local_rank is None else str(r.local_rank),
+        f"cuda:{r.device_index}",
+        f"{r.device_name} ({r.device_sm})",
+        r.plugin,
+        r.target,
+        r.fingerprint,
+    ]
 
 
 def _row(r: RankSummary) -> dict[str, Any]:

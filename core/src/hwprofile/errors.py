@@ -2,8 +2,6 @@
 
 Never imports another hwprofile module, not even for the type checker: every module imports this
 one, so any import here would put it in an import circle with all of them.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

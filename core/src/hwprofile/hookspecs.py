@@ -19,7 +19,8 @@ Rules common to every hook:
 * **When.** :func:`hwprofile_arch` is called when the plugin is registered; the other hooks when a
   profile is resolved: once per device and process, and again after ``hwprofile.reset()``
   (``hwprofile compile`` and a plugin's own tests resolve more often). Resolving happens inside
-  the engine's first ``hwprofile.profile()``, usually at start-up.
+  the engine's first ``hwprofile.profile()``, usually at start-up. :func:`hwprofile_catalog` is
+  the exception: it is called when a simulated device is looked up by a name only a plugin knows.
 * **Pure and cheap.** A hook must return the same answer for the same arguments, must not import
   torch, create a CUDA context, read the GPU, write files or ``os.environ``: ``device`` may be
   **simulated** (``device.simulated``: a catalog entry or a bare capability, no GPU behind it), and
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from .catalog import CatalogEntry
     from .device import DeviceInfo
     from .kernelspec import KernelSpec
     from .registry import ArchSpec
@@ -142,4 +144,26 @@ def hwprofile_kernels(device: DeviceInfo, target: str) -> Iterable[KernelSpec] |
     ``hwprofile compile``. Returning specs compiles nothing: kernels are compiled on first use or
     by ``hwprofile compile``. A result that is not a ``KernelSpec``, or a source missing from the
     package, is a ``PluginError``.
+    """
+
+
+@hookspec
+def hwprofile_catalog() -> Mapping[str, CatalogEntry] | None:
+    """Contribute simulated devices: catalog name -> :class:`~hwprofile.plugin.CatalogEntry`.
+
+    Lets CI exercise a GPU generation that hwprofile's built-in catalog does not know, by name
+    (``HWPROFILE_DEVICE=jetson-thor``, ``hwprofile show --simulate jetson-thor``,
+    ``--hwprofile-device=jetson-thor``), with its real SM count, shared memory and memory. An
+    architecture plugin typically contributes one entry per GPU it serves; any plugin may
+    implement it.
+
+    :returns: a mapping of lower-case names (letters, digits, ``-``) to entries, or ``None``.
+
+    **When it is called:** only when a simulated-device name is neither built in nor a generic
+    capability (``sm_110``, ``11.0``, which need no plugin), and by ``hwprofile devices``; once per
+    plugin per lookup, so it must be pure and cheap (return module-level constants).
+
+    **Errors:** a name that is built in, generic, malformed or contributed by two plugins, a value
+    that is not a ``CatalogEntry``, or a raise inside the hook is a :class:`~hwprofile.PluginError`
+    naming the plugin's distribution and version.
     """

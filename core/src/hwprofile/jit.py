@@ -13,8 +13,6 @@ torch fallback, so no cache or toolchain fault reaches an engine.
 
 In-process memos (compiled kernels, loaded functions) are keyed by the cache key, a hash of every
 compile input, and cleared by ``hwprofile.reset()``.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -32,12 +30,43 @@ from .errors import HwprofileError, KernelError, ToolchainError
 from .kernelspec import KernelSpec, Launch
 from .launch import LoadedKernel, check_driver_for_nvrtc, driver_cuda_version
 from .launch import _cu as _cu  # re-exported: benchmarks and GPU tests call the driver through it
-from .toolchain import MIN_NVRTC, CompiledKernel, CompileOptions, check_target, include_dirs, nvrtc_archs, nvrtc_version
+from .toolchain import (
+    MIN_NVRTC,
+    CompiledKernel,
+    CompileOptions,
+    check_target,
+    check_toolchain,
+    cuda_headers,
+    include_dirs,
+    nvrtc_archs,
+    nvrtc_version,
+)
 
 __all__ = [
-    "MIN_NVRTC", "CompileOptions", "CompileReport", "CompiledKernel", "KernelSpec", "Launch", "LoadedKernel", "cache_dir",
-    "cache_enabled", "cache_key", "check_driver_for_nvrtc", "check_target", "clear_cache", "clear_disk_cache", "compile_all",
-    "compile_spec", "driver_cuda_version", "include_dirs", "load", "nvrtc_archs", "nvrtc_compile", "nvrtc_version",
+    "MIN_NVRTC",
+    "CompileOptions",
+    "CompileReport",
+    "CompiledKernel",
+    "KernelSpec",
+    "Launch",
+    "LoadedKernel",
+    "cache_dir",
+    "cache_enabled",
+    "cache_key",
+    "check_driver_for_nvrtc",
+    "check_target",
+    "check_toolchain",
+    "clear_cache",
+    "clear_disk_cache",
+    "compile_all",
+    "compile_spec",
+    "cuda_headers",
+    "driver_cuda_version",
+    "include_dirs",
+    "load",
+    "nvrtc_archs",
+    "nvrtc_compile",
+    "nvrtc_version",
 ]
 
 CACHE_DIR_ENV = kcache.CACHE_DIR_ENV

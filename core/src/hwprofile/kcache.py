@@ -30,8 +30,6 @@ Rules (each has a test in ``tests/test_cache.py``):
 Directory-level faults (a shared or foreign directory, ``HWPROFILE_CACHE_DIR`` naming a file or a
 symlink, a directory that cannot be created) raise :class:`~hwprofile.errors.CacheError`, a
 :class:`~hwprofile.errors.KernelError`, so ops fall back to torch with one warning.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -210,8 +208,12 @@ def decode(data: bytes, key: str, target: str | None = None, expressions: Sequen
         return None, "has malformed metadata"
     lowered = meta.get("lowered") if isinstance(meta, dict) else None
     ok = (
-        isinstance(meta, dict) and isinstance(meta.get("key"), str) and isinstance(meta.get("inputs"), dict)
-        and isinstance(meta.get("target"), str) and isinstance(meta.get("log", ""), str) and isinstance(lowered, dict)
+        isinstance(meta, dict)
+        and isinstance(meta.get("key"), str)
+        and isinstance(meta.get("inputs"), dict)
+        and isinstance(meta.get("target"), str)
+        and isinstance(meta.get("log", ""), str)
+        and isinstance(lowered, dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in lowered.items())
     )
     if not ok or not isinstance(lowered, dict):
@@ -268,16 +270,26 @@ def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            _warn_once(f"{path}:type", "kernel cache entry %s is not a regular file (%s); recompiling and replacing it", path, stat.filemode(st.st_mode))
+            _warn_once(
+                f"{path}:type",
+                "kernel cache entry %s is not a regular file (%s); recompiling and replacing it",
+                path,
+                stat.filemode(st.st_mode),
+            )
             return None
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
             _warn_once(
-                f"{path}:mode", "kernel cache entry %s is writable by other users or owned by another user (mode %s); "
-                "it is not loaded, and is recompiled and replaced", path, stat.filemode(st.st_mode),
+                f"{path}:mode",
+                "kernel cache entry %s is writable by other users or owned by another user (mode %s); "
+                "it is not loaded, and is recompiled and replaced",
+                path,
+                stat.filemode(st.st_mode),
             )
             return None
         if st.st_size > MAX_ENTRY_BYTES:
-            _warn_once(f"{path}:size", "kernel cache entry %s is %d bytes, too large for a cubin; recompiling and replacing it", path, st.st_size)
+            _warn_once(
+                f"{path}:size", "kernel cache entry %s is %d bytes, too large for a cubin; recompiling and replacing it", path, st.st_size
+            )
             return None
         chunks, size = [], 0
         while size <= st.st_size:
@@ -321,7 +333,10 @@ def write(dfd: int, dpath: Path, compiled: CompiledKernel, doc: Mapping[str, Any
         _warn_once(
             f"{dpath}:write:{exc.errno}",
             "cannot write kernel cache entry %s (%s); the kernel is used but not cached, so each process compiles it again. "
-            "Fix the directory, or set %s to another one", dpath / name, exc.strerror or exc, CACHE_DIR_ENV,
+            "Fix the directory, or set %s to another one",
+            dpath / name,
+            exc.strerror or exc,
+            CACHE_DIR_ENV,
         )
         return False
 
@@ -380,7 +395,9 @@ def entry_lock(dfd: int, dpath: Path, key: str) -> Iterator[bool]:
             who = _read_small(dfd, owner) or "another process"
             log.warning(
                 "waiting up to %.0f s for the kernel cache lock %s, held by %s (compiling the same kernel: another rank?)",
-                LOCK_WAIT_S, path, who,
+                LOCK_WAIT_S,
+                path,
+                who,
             )
             try:
                 lock.acquire(timeout=max(0.0, LOCK_WAIT_S - LOCK_NOTICE_S))
@@ -388,7 +405,10 @@ def entry_lock(dfd: int, dpath: Path, key: str) -> Iterator[bool]:
             except filelock.Timeout:
                 log.warning(
                     "kernel cache lock %s is still held by %s after %.0f s; compiling without it (a duplicate compile is harmless). "
-                    "If that process is gone, delete the lock file", path, who, LOCK_WAIT_S,
+                    "If that process is gone, delete the lock file",
+                    path,
+                    who,
+                    LOCK_WAIT_S,
                 )
     except Exception as exc:  # noqa: BLE001 - the lock only saves duplicate work: never let it stop a compile
         why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"

@@ -2,8 +2,6 @@
 
 Kept apart from :mod:`hwprofile.jit` so that resolving a profile, which collects the specs, loads
 none of the compile, cache and launch machinery.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ source edit followed by ``hwprofile.reset()`` can never return the old function.
 the stream handle the caller passes (``torch.cuda.current_stream()``), so CUDA graphs capture them.
 
 cuda-python and torch are imported only when a module is loaded.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -99,7 +97,9 @@ class LoadedKernel:
         cu = self._cu
         if launch.shared_bytes > 48 * 1024 and launch.shared_bytes > self._smem_set:
             _cu(
-                cu.cuFuncSetAttribute(self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes),
+                cu.cuFuncSetAttribute(
+                    self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes
+                ),
                 f"raising the shared-memory limit of {self.name} to {launch.shared_bytes} bytes",
             )
             self._smem_set = launch.shared_bytes
@@ -113,7 +113,9 @@ class LoadedKernel:
                     cfg = self._pdl_configs[(launch, stream)] = _pdl_config(cu, launch, stream)
                 (err,) = cu.cuLaunchKernelEx(cfg, self.function, self._pack.address, 0)
             else:
-                (err,) = cu.cuLaunchKernel(self.function, g[0], g[1], g[2], b[0], b[1], b[2], launch.shared_bytes, stream, self._pack.address, 0)
+                (err,) = cu.cuLaunchKernel(
+                    self.function, g[0], g[1], g[2], b[0], b[1], b[2], launch.shared_bytes, stream, self._pack.address, 0
+                )
         if err != cu.CUresult.CUDA_SUCCESS:
             _cu(err, f"launching {self.name} grid={g} block={b} smem={launch.shared_bytes}")
 

@@ -26,8 +26,6 @@ Under ``torch.compile`` each op goes through its ``torch.ops.hwprofile.<op>`` cu
 with a fake implementation, see :func:`register`); in eager mode it calls the implementation
 directly: the dispatcher would add host time to every call, and an op may cost at most 1 µs more
 than its fallback (measured in benchmarks/RESULTS.md, "Ops in an engine").
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -91,7 +89,21 @@ class Decision:
 class _Route:
     """One op's dispatch facts on one device, resolved from the profile once (plain ints)."""
 
-    __slots__ = ("counts", "k_multiple", "max_k", "max_m", "max_n", "min_k", "min_n", "n_multiple", "off", "op", "roof_hi", "roof_lo", "who")
+    __slots__ = (
+        "counts",
+        "k_multiple",
+        "max_k",
+        "max_m",
+        "max_n",
+        "min_k",
+        "min_n",
+        "n_multiple",
+        "off",
+        "op",
+        "roof_hi",
+        "roof_lo",
+        "who",
+    )
 
     def __init__(self, op: OpDef, prof: Profile) -> None:
         settings: Any = prof  # Profile[key] is the setting's value (typed loosely while Profile is a NamedTuple)
@@ -398,7 +410,7 @@ def _fp8_fallback(x: Any, w: Any, scale: Any) -> Any:
     else:
         acc = torch.empty((x.shape[0], n), dtype=torch.float32, device=x.device)
         for i in range(0, n, rows):
-            acc[:, i:i + rows] = _mm_fp32(x, w[i:i + rows].to(torch.bfloat16))
+            acc[:, i : i + rows] = _mm_fp32(x, w[i : i + rows].to(torch.bfloat16))
     acc.mul_(scale.reshape(1, -1) if scale.numel() == n and n != 1 else scale.reshape(()))
     return acc.to(torch.bfloat16)
 
@@ -445,7 +457,9 @@ def _validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int
         elif scale.dim() == 1 and scale.numel() == n:
             mode = ROW_SCALE
         else:
-            raise ValueError(f"{op.name}: {sn} must have 1 element (per tensor) or N={n} elements (per row), got shape {tuple(scale.shape)}")
+            raise ValueError(
+                f"{op.name}: {sn} must have 1 element (per tensor) or N={n} elements (per row), got shape {tuple(scale.shape)}"
+            )
     if out is not None:
         want = (*x.shape[:-1], n)
         if not isinstance(out, torch.Tensor) or out.dtype != _dtype(op.out_dtype) or tuple(out.shape) != want or out.device != dev:
@@ -587,6 +601,7 @@ def _define(torch: Any, lib: Any, op: OpDef) -> None:
     out_dtype = getattr(torch, op.out_dtype)
 
     if op.scaled:
+
         def impl(x: Any, w: Any, scale: Any) -> Any:
             return _run(op, x, w, scale, None)
 
@@ -594,6 +609,7 @@ def _define(torch: Any, lib: Any, op: OpDef) -> None:
             _validate(op, x, w, scale, None)
             return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
     else:
+
         def impl(x: Any, w: Any) -> Any:  # type: ignore[misc]
             return _run(op, x, w, None, None)
 

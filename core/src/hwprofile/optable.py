@@ -9,8 +9,6 @@ identity string stamps record), the default sweep grid and the kind of threshold
 ``hwprofile.ops`` routes with it, ``decide()`` explains with it, ``sweep`` measures and writes with
 it, ``stamps`` records its fallback identity, ``skinny`` (the kernel specs) reads its dtypes and
 scale modes, and the CLI lists it. Adding an op is one entry in :data:`OPS` plus a kernel.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -137,8 +135,14 @@ def _gemv_settings(op: str, what: str) -> tuple[SettingDecl, ...]:
         _int(f"{op}.n_multiple", 8, f"N must be a multiple of this for the {what}", 1, 1 << 16),
         _int(f"{op}.min_n", 64, f"smallest N the {what} takes", 1),
         _int(f"{op}.max_n", 65536, f"largest N the {what} takes", 1),
-        _int(f"{op}.cublas_roof_n_min", 12288, f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used"),
-        _int(f"{op}.cublas_roof_n_max", 32768, "up to this N (exclusive) the fallback is near the bandwidth roof; equal to the min to disable the gap"),
+        _int(
+            f"{op}.cublas_roof_n_min", 12288, f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used"
+        ),
+        _int(
+            f"{op}.cublas_roof_n_max",
+            32768,
+            "up to this N (exclusive) the fallback is near the bandwidth roof; equal to the min to disable the gap",
+        ),
     )
 
 
@@ -151,45 +155,108 @@ _FP8_GRID = (*tuple((1, n, k) for n in (2048, 4096, 7168, 12288, 28672, 57344) f
 MM_FP32 = "torch.mm(out_dtype=torch.float32)"
 
 ROUTER_GEMM = OpDef(
-    "router_gemm", "MoE router logits: hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32 on every path",
-    args=("hidden", "weight"), w_dtype="bfloat16", out_dtype="float32", fallback=MM_FP32, fallback_impl="_mm_fp32",
-    max_m="router_gemm.max_tokens", min_n="router_gemm.min_n", max_n="router_gemm.max_n",
-    min_k="router_gemm.min_k", max_k="router_gemm.max_k", threshold="max_tokens", grid=_ROUTER_GRID,
+    "router_gemm",
+    "MoE router logits: hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32 on every path",
+    args=("hidden", "weight"),
+    w_dtype="bfloat16",
+    out_dtype="float32",
+    fallback=MM_FP32,
+    fallback_impl="_mm_fp32",
+    max_m="router_gemm.max_tokens",
+    min_n="router_gemm.min_n",
+    max_n="router_gemm.max_n",
+    min_k="router_gemm.min_k",
+    max_k="router_gemm.max_k",
+    threshold="max_tokens",
+    grid=_ROUTER_GRID,
     settings=(
-        _int("router_gemm.max_tokens", 16, "largest M the JIT router GEMM is dispatched for; measured against the fp32-output cuBLAS fallback", 0, 16),
+        _int(
+            "router_gemm.max_tokens",
+            16,
+            "largest M the JIT router GEMM is dispatched for; measured against the fp32-output cuBLAS fallback",
+            0,
+            16,
+        ),
         *_mnk_bounds("router_gemm", "JIT router GEMM", (256, 384), (7168, 7168)),
     ),
 )
 LINEAR_BF16_FP32 = OpDef(
-    "linear_bf16_fp32", "small-M linear: x[..., K] bf16 . w[N, K]^T -> [..., N] float32 on every path",
-    args=("x", "w"), w_dtype="bfloat16", out_dtype="float32", fallback=MM_FP32, fallback_impl="_mm_fp32",
-    max_m="linear_bf16_fp32.max_tokens", min_n="linear_bf16_fp32.min_n", max_n="linear_bf16_fp32.max_n",
-    min_k="linear_bf16_fp32.min_k", max_k="linear_bf16_fp32.max_k", threshold="max_tokens", grid=_LINEAR_GRID,
+    "linear_bf16_fp32",
+    "small-M linear: x[..., K] bf16 . w[N, K]^T -> [..., N] float32 on every path",
+    args=("x", "w"),
+    w_dtype="bfloat16",
+    out_dtype="float32",
+    fallback=MM_FP32,
+    fallback_impl="_mm_fp32",
+    max_m="linear_bf16_fp32.max_tokens",
+    min_n="linear_bf16_fp32.min_n",
+    max_n="linear_bf16_fp32.max_n",
+    min_k="linear_bf16_fp32.min_k",
+    max_k="linear_bf16_fp32.max_k",
+    threshold="max_tokens",
+    grid=_LINEAR_GRID,
     settings=(
-        _int("linear_bf16_fp32.max_tokens", 0, "largest M for which linear_bf16_fp32 uses the plugin's small-M kernel instead of cuBLAS (0: never)", 0, 16),
+        _int(
+            "linear_bf16_fp32.max_tokens",
+            0,
+            "largest M for which linear_bf16_fp32 uses the plugin's small-M kernel instead of cuBLAS (0: never)",
+            0,
+            16,
+        ),
         *_mnk_bounds("linear_bf16_fp32", "small-M linear kernel", (256, 4096), (7168, 7168)),
     ),
 )
 GEMV = OpDef(
-    "gemv", "decode GEMV: x[..., K] bf16 . w[N, K]^T -> [..., N] bf16, fp32 accumulation; the kernel takes M = 1",
-    args=("x", "w"), w_dtype="bfloat16", out_dtype="bfloat16", fallback="torch.nn.functional.linear", fallback_impl="_linear",
-    max_m=1, min_n="gemv.min_n", max_n="gemv.max_n", n_multiple="gemv.n_multiple", min_k="gemv.min_k", max_k="gemv.max_k",
-    k_multiple="gemv.k_multiple", roof=("gemv.cublas_roof_n_min", "gemv.cublas_roof_n_max"), threshold="box", grid=_GEMV_GRID,
+    "gemv",
+    "decode GEMV: x[..., K] bf16 . w[N, K]^T -> [..., N] bf16, fp32 accumulation; the kernel takes M = 1",
+    args=("x", "w"),
+    w_dtype="bfloat16",
+    out_dtype="bfloat16",
+    fallback="torch.nn.functional.linear",
+    fallback_impl="_linear",
+    max_m=1,
+    min_n="gemv.min_n",
+    max_n="gemv.max_n",
+    n_multiple="gemv.n_multiple",
+    min_k="gemv.min_k",
+    max_k="gemv.max_k",
+    k_multiple="gemv.k_multiple",
+    roof=("gemv.cublas_roof_n_min", "gemv.cublas_roof_n_max"),
+    threshold="box",
+    grid=_GEMV_GRID,
     settings=(
         (
-            "gemv.split_k", "bool", False,
-            "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)", False, None, None,
+            "gemv.split_k",
+            "bool",
+            False,
+            "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)",
+            False,
+            None,
+            None,
         ),
         *_gemv_settings("gemv", "bf16 GEMV kernel (M = 1)"),
     ),
 )
 FP8_GEMV = OpDef(
-    "fp8_gemv", "FP8 GEMV: x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16, scale per tensor ([] or [1]) or per row ([N])",
-    args=("x", "w", "scale"), w_dtype="float8_e4m3fn", out_dtype="bfloat16", scale_modes=(TENSOR_SCALE, ROW_SCALE),
-    fallback="chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", fallback_impl="_fp8_fallback",
-    max_m=1, min_n="fp8_gemv.min_n", max_n="fp8_gemv.max_n", n_multiple="fp8_gemv.n_multiple", min_k="fp8_gemv.min_k",
-    max_k="fp8_gemv.max_k", k_multiple="fp8_gemv.k_multiple", roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
-    threshold="box", grid=_FP8_GRID, settings=_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)"),
+    "fp8_gemv",
+    "FP8 GEMV: x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16, scale per tensor ([] or [1]) or per row ([N])",
+    args=("x", "w", "scale"),
+    w_dtype="float8_e4m3fn",
+    out_dtype="bfloat16",
+    scale_modes=(TENSOR_SCALE, ROW_SCALE),
+    fallback="chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale",
+    fallback_impl="_fp8_fallback",
+    max_m=1,
+    min_n="fp8_gemv.min_n",
+    max_n="fp8_gemv.max_n",
+    n_multiple="fp8_gemv.n_multiple",
+    min_k="fp8_gemv.min_k",
+    max_k="fp8_gemv.max_k",
+    k_multiple="fp8_gemv.k_multiple",
+    roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
+    threshold="box",
+    grid=_FP8_GRID,
+    settings=_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)"),
 )
 
 #: every op, by name, in the order the CLI and the docs list them

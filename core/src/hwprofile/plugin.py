@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .catalog import CatalogEntry
 from .device import DeviceInfo
 from .hookspecs import hookimpl
 from .kernelspec import KernelSpec, Launch
 from .registry import ArchSpec, PluginInfo
 from .settings import EnvDefault, Setting, Value
 from .skinny import ArchTuning, kernel_specs
-from .stamps import Stamp
+from .tuning import Stamp
 
 if TYPE_CHECKING:
     from .jit import CompiledKernel
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArchSpec",
     "ArchTuning",
+    "CatalogEntry",
     "DeviceInfo",
     "EnvDefault",
     "KernelSpec",

@@ -2,8 +2,7 @@
 
 ``profile(device)`` is cached per device and process; :func:`reset` forgets everything (after the
 environment or the installed plugins change). Resolving imports neither torch nor CUDA.
-
-PYTEST_DONT_REWRITE
+Tuned files, stamps and staleness live in :mod:`hwprofile.tuning`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import os
 import sys
 import threading
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,13 +23,11 @@ from .errors import PluginError, SettingError
 if TYPE_CHECKING:  # imported inside functions: a first profile() loads them while NVML starts (_first_profile)
     from .kernelspec import KernelSpec
     from .registry import PluginInfo, Registry, Selection
-    from .settings import ResolvedEnvDefault, ResolvedSetting, SettingsResolver
+    from .settings import ResolvedEnvDefault, ResolvedSetting
 
 log = get_logger(__name__)
 
 _T = TypeVar("_T", bool, int, float, str)
-
-TUNED_ENV = "HWPROFILE_TUNED_FILE"
 
 
 class DispatchStats:
@@ -261,7 +257,6 @@ def _forget_profiles() -> None:
     with _lock:
         _registry = None
         _profiles.clear()
-        _warned.clear()
 
 
 def _current_device_index() -> int:
@@ -326,15 +321,15 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         if decl is not None:
             resolver.declare(decl, by=p.label, namespace=p.name)
     check_environment(environ, (s.env_var for s in resolver.declared.values()))
-    staleness = _Staleness(info, selection, kernels)
+    from . import tuning
+
+    staleness = tuning.Staleness(info, selection, kernels, environ)
     participants = reg.participants(selection.plugin, "hwprofile_settings")
     for p in participants:
         values = reg._call_plugin("hwprofile_settings", p, device=info, resolved=MappingProxyType(resolver.current()))
         resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}", check=staleness.shipped)
     staleness.report()
-    strict = _strict(environ)
-    for path in tuned_files(info, environ):
-        _add_tuned_layer(resolver, path, staleness, strict)
+    tuning.add_tuned_layers(resolver, info, staleness, environ)
     resolver.add_user_env(environ)
     settings = resolver.resolved()
     values = MappingProxyType({k: s.value for k, s in settings.items()})
@@ -364,128 +359,6 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         fingerprint=fp,
         stats=DispatchStats(),
     )
-
-
-def _strict(environ: Mapping[str, str]) -> bool:
-    return environ.get("HWPROFILE_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _warned:
-        _warned.add(msg)
-        log.warning(msg)
-
-
-class _Staleness:
-    """Compares stamps with what runs now (device, plugin, kernel source, fallback identity)."""
-
-    def __init__(self, info: _device.DeviceInfo, selection: Selection, kernels: Mapping[str, Any]) -> None:
-        self.info, self.selection, self.kernels = info, selection, kernels
-        self._now: dict[str, Any] = {}
-        self.stale_shipped: dict[str, list[tuple[str, Any]]] = {}
-
-    def now(self, op: str) -> Any:
-        if op not in self._now:
-            from . import stamps
-
-            p = self.selection.plugin
-            spec = self.kernels.get(op)
-            digest = spec.source_digest(with_cuda_headers=False) if spec is not None else ""
-            self._now[op] = stamps.current(op, self.info, p.name if p else "", p.version or "" if p else "", digest)
-        return self._now[op]
-
-    def changes(self, stamp: Any) -> list[str]:
-        from . import stamps
-
-        return stamps.changes(stamp, self.now(stamp.op))
-
-    def shipped(self, key: str, stamp: Any) -> str:
-        """A plugin's measured threshold: stale is recorded (one warning per profile), the value still used."""
-        what = self.changes(stamp)
-        if what:
-            self.stale_shipped.setdefault("; ".join(what), []).append((key, stamp))
-        return "; ".join(what)
-
-    def report(self) -> None:
-        """One warning line per kind of change, naming the stale shipped thresholds and the re-tune commands."""
-        for what, items in self.stale_shipped.items():
-            keys = ", ".join(k for k, _ in items)
-            ops = " / ".join(sorted({st.op for _, st in items}))
-            st = items[0][1]
-            _warn_once(
-                f"hwprofile: {len(items)} threshold(s) shipped by {st.plugin} {st.plugin_version} were measured against "
-                f"something that changed ({what}): {keys}; re-measure with: hwprofile sweep {ops}"
-            )
-
-
-def tuned_dir(info: _device.DeviceInfo, environ: Mapping[str, str]) -> Path:
-    """Default location of tuned files for a device: ``<config dir>/tuned/<device identity>/``.
-
-    The config dir is ``HWPROFILE_CONFIG_DIR`` or platformdirs' user config dir for "hwprofile".
-    """
-    import re
-
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
-    return Path(config_dir(environ)) / "tuned" / slug
-
-
-def config_dir(environ: Mapping[str, str]) -> str:
-    """``HWPROFILE_CONFIG_DIR``, else the user config dir for "hwprofile" as platformdirs defines it.
-
-    On Linux that is the XDG rule (``$XDG_CONFIG_HOME`` or ``~/.config``, then ``hwprofile``),
-    applied here because importing platformdirs costs 3-4 ms of every first ``profile()``; a test
-    checks that both agree. Elsewhere platformdirs decides.
-    """
-    base = environ.get("HWPROFILE_CONFIG_DIR")
-    if base:
-        return base
-    if sys.platform == "linux" and "ANDROID_DATA" not in environ:
-        xdg = environ.get("XDG_CONFIG_HOME", "").strip()
-        return os.path.join(xdg or os.path.expanduser("~/.config"), "hwprofile")
-    import platformdirs
-
-    return platformdirs.user_config_dir("hwprofile")
-
-
-def tuned_files(info: _device.DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
-    """Tuned files for a device: every ``*.toml`` in its default directory, then ``HWPROFILE_TUNED_FILE`` entries."""
-    d = tuned_dir(info, environ)
-    files = sorted(d.glob("*.toml")) if d.is_dir() else []
-    files += [Path(p) for p in environ.get(TUNED_ENV, "").split(os.pathsep) if p.strip()]
-    return files
-
-
-def _add_tuned_layer(resolver: SettingsResolver, p: Path, staleness: _Staleness, strict: bool) -> None:
-    import tomllib  # only when a tuned file exists
-
-    from . import stamps
-
-    where = f"tuned file {p}"
-    try:
-        doc = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise SettingError(f"{where}: file not found; fix {TUNED_ENV} or run 'hwprofile sweep' to write it") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SettingError(f"{where}: not valid TOML ({exc}); regenerate it with 'hwprofile sweep'") from None
-    thresholds = doc.get("thresholds")
-    if not isinstance(thresholds, dict):
-        raise SettingError(f"{where}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
-    if not isinstance(doc.get("stamp"), dict):
-        raise SettingError(f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'")
-    stamp = stamps.Stamp.from_dict(doc["stamp"], where=where)
-    what = staleness.changes(stamp)
-    if what:
-        msg = (
-            f"hwprofile: {where} is stale for device {staleness.info.index} ({'; '.join(what)}); its values are ignored "
-            f"and the shipped ones apply. Re-tune with: hwprofile sweep {stamp.op} --device {staleness.info.index}"
-        )
-        if strict:
-            raise SettingError(msg + " (HWPROFILE_STRICT=1)")
-        _warn_once(msg)
-    resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=lambda key, st: "; ".join(what), drop_stale=True)
 
 
 def fingerprint(selection: Selection, settings: Mapping[str, ResolvedSetting], env: Mapping[str, ResolvedEnvDefault], kernels: Mapping[str, Any]) -> str:

@@ -5,8 +5,6 @@ One pluggy ``PluginManager`` for project ``hwprofile``. Plugins come from the en
 name is the plugin's name everywhere. Loading is done one entry point at a time (not
 ``load_setuptools_entrypoints``) so that a broken plugin is reported by name, distribution and
 version instead of stopping the whole load anonymously.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -211,7 +209,8 @@ class Registry:
             if seconds > SLOW_IMPORT_S:
                 log.warning(
                     "plugin %s (%s %s) took %.1f s to import; every process pays this on its first profile(). "
-                    "Make its module-level work lazy, or disable it with %s=%s", ep.name, ep.distribution, ep.version, seconds, DISABLE_ENV, ep.name,
+                    "Make its module-level work lazy, or disable it with %s=%s",
+                    ep.name, ep.distribution, ep.version, seconds, DISABLE_ENV, ep.name,
                 )
         unknown = [n for n in self.disabled if n not in seen]
         if unknown:

@@ -3,14 +3,13 @@
 The generated package is the one ``docs/writing-a-plugin.md`` walks through (a test keeps the two
 identical): pyproject with the entry point, hook implementations, a sample kernel shipped as
 package data, and a test that passes as generated once the package is installed.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from .errors import HwprofileError
 
@@ -19,15 +18,17 @@ _MAX_NAME = 64  # becomes a directory, a distribution and a module name: keep it
 _TARGET = re.compile(r"^sm_\d{2,3}[af]?\Z")
 
 PYPROJECT = '''[build-system]
-requires = ["setuptools>=64"]
+requires = ["setuptools>=77"]
 build-backend = "setuptools.build_meta"
 
 [project]
 name = "hwprofile-{name}"
 version = "0.1.0"
 description = "hwprofile architecture plugin for compute capability {major}.{minor} ({target})"
+readme = "README.md"
 requires-python = ">=3.11"
-dependencies = ["hwprofile>=0.1.0"]
+# The hwprofile minor series this was generated with: 0.x minors may change the plugin API.
+dependencies = ["{core_pin}"]
 
 [project.entry-points."hwprofile.plugins"]
 {name} = "hwprofile_{name}"
@@ -46,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
+from hwprofile.plugin import ArchSpec, CatalogEntry, DeviceInfo, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
 
 NAME = "{name}"
 
@@ -55,6 +56,20 @@ NAME = "{name}"
 def hwprofile_arch() -> ArchSpec:
     # Exact capabilities only: a device of another minor version is not served by this plugin.
     return ArchSpec({{({major}, {minor}): "{target}"}}, "compute capability {major}.{minor}")
+
+
+@hookimpl
+def hwprofile_catalog() -> dict[str, CatalogEntry]:
+    # A simulated device for CI without the GPU: HWPROFILE_DEVICE={device}, --simulate {device},
+    # pytest --hwprofile-device={device}. The numbers are those of hwprofile's nearest built-in GPU
+    # ({base}): replace them with your GPU's published ones.
+    return {{
+        "{device}": CatalogEntry(
+            name="{device_name}", compute_capability=({major}, {minor}), memory_bytes={memory_bytes}, sm_count={sm_count},
+            l2_cache_bytes={l2_cache_bytes}, max_shared_memory_per_block_optin={smem}, memory_bus_width_bits={bus},
+            max_sm_clock_mhz={sm_clock}, max_memory_clock_mhz={mem_clock},
+        ),
+    }}
 
 
 @hookimpl
@@ -119,6 +134,13 @@ def test_selected_for_its_capability():
     assert prof.env_defaults["TORCH_CUDA_ARCH_LIST"].value == "{major}.{minor}"
 
 
+def test_simulated_device_from_its_catalog_entry():
+    from hwprofile import detect
+
+    device = detect({{"HWPROFILE_DEVICE": "{device}"}}).devices[0]  # found through this plugin's hwprofile_catalog
+    assert device.simulated and device.compute_capability == ({major}, {minor})
+
+
 def test_settings_have_provenance():
     flag = profile().explain("{name}.example_flag")
     assert flag.value is True and flag.winner.source.startswith("hwprofile-{name}")
@@ -135,9 +157,12 @@ def test_kernel_compiles_for_its_target():
 README = '''# hwprofile-{name}
 
 hwprofile architecture plugin for compute capability {major}.{minor} (NVRTC target `{target}`).
+Compiling its kernels needs NVRTC: hwprofile installed with its `[cu13]` (CUDA 13 driver, 580+) or
+`[cu12]` (CUDA 12 driver) extra.
 
-    pip install .
-    pytest tests
+    pip install ./
+    hwprofile show --simulate {device}
+    python -m pytest tests
     hwprofile compile --arch {target}
 '''
 
@@ -155,7 +180,18 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
     if not _TARGET.match(target):
         raise HwprofileError(f"--target {target!r} is invalid: write sm_XY or sm_XYa, e.g. sm_89 or sm_90a")
     arch_num = major * 100 + minor * 10
-    fmt = {"name": name, "major": major, "minor": minor, "target": target, "upper": name.upper(), "arch_num": arch_num}
+    from . import __version__, catalog
+
+    base_key, base = _nearest(catalog, (major, minor))
+    cmaj, cmin = (int(x) for x in __version__.split(".")[:2])
+    fmt = {
+        "name": name, "major": major, "minor": minor, "target": target, "upper": name.upper(), "arch_num": arch_num,
+        "core_pin": f"hwprofile>={cmaj}.{cmin}.0,<{cmaj}.{cmin + 1}", "device": f"{name.replace('_', '-')}-gpu",
+        "device_name": f"NVIDIA GPU, compute capability {major}.{minor}", "base": f"{base_key}: {base.name}",
+        "memory_bytes": base.memory_bytes, "sm_count": base.sm_count, "l2_cache_bytes": base.l2_cache_bytes,
+        "smem": base.max_shared_memory_per_block_optin, "bus": base.memory_bus_width_bits, "sm_clock": base.max_sm_clock_mhz,
+        "mem_clock": base.max_memory_clock_mhz,
+    }
     return {
         "pyproject.toml": PYPROJECT.format(**fmt),
         "README.md": README.format(**fmt),
@@ -163,6 +199,23 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
         f"src/hwprofile_{name}/kernels/scale.cu": KERNEL.format(**fmt),
         "tests/test_plugin.py": TEST.format(**fmt),
     }
+
+
+def _nearest(catalog: Any, cc: tuple[int, int]) -> tuple[str, Any]:
+    """The built-in GPU a generic device of capability ``cc`` borrows its numbers from."""
+    entry = catalog.generic(cc)
+    for key, e in catalog.CATALOG.items():
+        if not e.name.startswith("Simulated ") and e._replace(name=entry.name, compute_capability=cc) == entry:
+            return key, e
+    return "generic", entry
+
+
+def hint(directory: Path, target: str) -> str:
+    """The next commands, runnable as printed: a path pip cannot mistake for a package name on an index."""
+    d = str(directory)
+    if not (d.startswith(("/", "./", "../", "~"))):
+        d = "./" + d
+    return f"next: pip install {d} && python -m pytest {d}/tests && hwprofile compile --arch {target}"
 
 
 def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:

@@ -4,8 +4,6 @@ Layers, lowest to highest: core default < architecture plugin < downstream plugi
 < tuned-thresholds file < the user's explicit ``HWPROFILE_*`` variable. A variable that is present
 counts as set, even ``"0"`` or ``""``. Nothing here touches ``os.environ`` except
 :func:`apply_env_defaults`, which only fills variables the user left unset.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -155,7 +153,7 @@ class Setting(Record):
 class Value(Record):
     """A setting value with the reason it was chosen and, for a measured threshold, its stamp.
 
-    ``stamp`` (a :class:`hwprofile.stamps.Stamp`) records what the value was measured against; the
+    ``stamp`` (a :class:`hwprofile.tuning.Stamp`) records what the value was measured against; the
     profile compares it with what is running and reports the value as stale when that changed.
     """
 
@@ -324,7 +322,9 @@ def _op_settings() -> tuple[Setting, ...]:
     """The ops' settings, declared once in the op table (``hwprofile.optable``)."""
     from .optable import setting_declarations
 
-    return tuple(Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations())
+    return tuple(
+        Setting(key, cast(Any, type_), default, doc, bit, lo, hi) for key, type_, default, doc, bit, lo, hi in setting_declarations()
+    )
 
 
 CORE_SETTINGS: tuple[Setting, ...] = (
@@ -370,8 +370,15 @@ class SettingsResolver:
         return {k: next(x for x in reversed(c) if x.applied).value for k, c in self.chains.items()}
 
     def add(
-        self, kind: LayerKind, source: str, values: Mapping[str, Any] | None, *, who: str,
-        check: Callable[[str, Stamp], str] | None = None, stamp: Stamp | None = None, drop_stale: bool = False,
+        self,
+        kind: LayerKind,
+        source: str,
+        values: Mapping[str, Any] | None,
+        *,
+        who: str,
+        check: Callable[[str, Stamp], str] | None = None,
+        stamp: Stamp | None = None,
+        drop_stale: bool = False,
     ) -> None:
         """Add one layer; ``who`` names the supplier in errors (plugin label, file path).
 
@@ -405,9 +412,7 @@ class SettingsResolver:
         return {k: ResolvedSetting(self.declared[k], tuple(c)) for k, c in sorted(self.chains.items())}
 
 
-def apply_env_defaults(
-    defaults: Mapping[str, ResolvedEnvDefault], environ: MutableMapping[str, str] | None = None
-) -> dict[str, str]:
+def apply_env_defaults(defaults: Mapping[str, ResolvedEnvDefault], environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Write each default the user has not set into ``environ``; return exactly what was written."""
     env = os.environ if environ is None else environ
     written: dict[str, str] = {}
@@ -448,7 +453,9 @@ def parse_switch(environ: Mapping[str, str], var: str, *, default: bool) -> bool
         return True
     if t in _FALSE:
         return False
-    raise SettingError(f"{var}={raw!r} is not valid: expected one of {SWITCH_VALUES} (unset it for the default, {'on' if default else 'off'})")
+    raise SettingError(
+        f"{var}={raw!r} is not valid: expected one of {SWITCH_VALUES} (unset it for the default, {'on' if default else 'off'})"
+    )
 
 
 _warned_vars: set[str] = set()

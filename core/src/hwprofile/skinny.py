@@ -6,8 +6,6 @@ kernels (router GEMM, fp32-output linear, bf16 GEMV, FP8 GEMV) as :class:`~hwpro
 objects whose ``configure`` picks tile sizes and the split-K factor for a shape. Each plugin's
 source declares the ``<prefix>_skinny_mma`` and ``<prefix>_gemv_simt`` entry points with
 static_asserts for its SM's limits; the dynamic shared memory is checked here.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -89,7 +87,9 @@ ROUTER_SHAPES = [(m, n, 7168) for m in range(1, 17) for n in (256, 384)]
 GEMV_SHAPES = [(2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168)]
 
 
-def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] = ("router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv")) -> list[KernelSpec]:
+def kernel_specs(
+    package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] = ("router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv")
+) -> list[KernelSpec]:
     """The op kernels of the skinny-GEMM family for one SM, with their pre-built instances.
 
     ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call; the pre-built

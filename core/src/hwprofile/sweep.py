@@ -3,8 +3,6 @@
 The crossover logic is pure (:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`) and is
 tested on the CPU with made-up timings; :class:`GpuTimer` does the measuring on a real GPU (cold L2
 by rotating weight copies, CUDA-graph replay, median of many replays, warm-up excluded).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -57,11 +55,17 @@ class Point:
 
     def as_dict(self, ties: str) -> dict[str, Any]:
         return {
-            "m": self.m, "n": self.n, "k": self.k,
-            "kernel_us": round(self.kernel, 3) if self.kernel_us else -1.0, "fallback_us": round(self.fallback, 3),
-            "noise": round(self.noise, 4), "verdict": verdict(self),
-            "kernel_samples": [round(x, 3) for x in self.kernel_us], "fallback_samples": [round(x, 3) for x in self.fallback_us],
-            "kernel_pass_medians": [round(x, 3) for x in self.kernel_passes], "fallback_pass_medians": [round(x, 3) for x in self.fallback_passes],
+            "m": self.m,
+            "n": self.n,
+            "k": self.k,
+            "kernel_us": round(self.kernel, 3) if self.kernel_us else -1.0,
+            "fallback_us": round(self.fallback, 3),
+            "noise": round(self.noise, 4),
+            "verdict": verdict(self),
+            "kernel_samples": [round(x, 3) for x in self.kernel_us],
+            "fallback_samples": [round(x, 3) for x in self.fallback_us],
+            "kernel_pass_medians": [round(x, 3) for x in self.kernel_passes],
+            "fallback_pass_medians": [round(x, 3) for x in self.fallback_passes],
         }
 
 
@@ -115,7 +119,11 @@ def predicate_box(points: Iterable[Point], ties: str = "fallback") -> tuple[int,
             cells = [(n, k) for n in ns if n <= n_max for k in ks if k <= k_max if (n, k) in win]
             if cells and all(win[c] for c in cells) and len(cells) > best[0]:
                 best = (len(cells), n_max, k_max)
-    notes = [f"kernel also wins at N={n}, K={k}, outside the box: not dispatched" for (n, k), w in sorted(win.items()) if w and not (n <= best[1] and k <= best[2])]
+    notes = [
+        f"kernel also wins at N={n}, K={k}, outside the box: not dispatched"
+        for (n, k), w in sorted(win.items())
+        if w and not (n <= best[1] and k <= best[2])
+    ]
     return best[1], best[2], notes
 
 
@@ -130,7 +138,13 @@ def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[st
     ns, ks = [p.n for p in points], [p.k for p in points]
     if d.threshold == "max_tokens":
         m, notes = max_tokens(points, ties)
-        return {f"{op}.max_tokens": m, f"{op}.min_n": min(ns), f"{op}.max_n": max(ns), f"{op}.min_k": min(ks), f"{op}.max_k": max(ks)}, notes
+        return {
+            f"{op}.max_tokens": m,
+            f"{op}.min_n": min(ns),
+            f"{op}.max_n": max(ns),
+            f"{op}.min_k": min(ks),
+            f"{op}.max_k": max(ks),
+        }, notes
     n, k, notes = predicate_box(points, ties)
     out = {f"{op}.min_n": min(ns), f"{op}.max_n": n, f"{op}.min_k": min(ks), f"{op}.max_k": k}
     if d.roof is not None:
@@ -219,7 +233,9 @@ class GpuTimer:
         kernel: list[float] = []
         kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
         if kernel_ok and ops._run_kernel(self.table, op, out, x, ws[0], scales[0] if scales else None, m, n, k, mode):
-            kernel = self._graph(lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies)
+            kernel = self._graph(
+                lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies
+            )
         fallback_fn = getattr(ops, d.fallback_impl)  # the op's fallback, as the op table names it
         if scales is not None:
             fallback = self._graph(lambda i: fallback_fn(x, ws[i], scales[i]), copies)
@@ -235,10 +251,17 @@ def default_grid(op: str) -> list[tuple[int, int, int]]:
     return list(get(op).grid)
 
 
-def run(prof: Any, op: str, grid: Sequence[tuple[int, int, int]], timer: Timer, ties: str = "fallback",
-        progress: Callable[[int, int, str], None] | None = None, date: str | None = None) -> dict[str, Any]:
+def run(
+    prof: Any,
+    op: str,
+    grid: Sequence[tuple[int, int, int]],
+    timer: Timer,
+    ties: str = "fallback",
+    progress: Callable[[int, int, str], None] | None = None,
+    date: str | None = None,
+) -> dict[str, Any]:
     """Measure every grid point, choose thresholds, and return the stamped tuned-file document."""
-    from . import stamps
+    from . import tuning as stamps
 
     points = []
     for i, (m, n, k) in enumerate(grid):
@@ -249,22 +272,45 @@ def run(prof: Any, op: str, grid: Sequence[tuple[int, int, int]], timer: Timer, 
     spec = prof.kernels.get(op)
     p = prof.plugin
     stamp = stamps.current(
-        op, prof.device, p.name if p else "", (p.version or "") if p else "",
-        spec.source_digest(with_cuda_headers=False) if spec else "", date or time.strftime("%Y-%m-%d"),
+        op,
+        prof.device,
+        p.name if p else "",
+        (p.version or "") if p else "",
+        spec.source_digest(with_cuda_headers=False) if spec else "",
+        date or time.strftime("%Y-%m-%d"),
     )
     return {
         "stamp": stamp.as_dict(),
         "thresholds": chosen,
-        "sweep": {"ties": ties, "noise_floor": NOISE_FLOOR, "notes": notes, "method": "CUDA-graph replay, cold L2 (rotating weight copies), median of replays"},
+        "sweep": {
+            "ties": ties,
+            "noise_floor": NOISE_FLOOR,
+            "notes": notes,
+            "method": "CUDA-graph replay, cold L2 (rotating weight copies), median of replays",
+        },
         "measurements": [pt.as_dict(ties) for pt in points],
     }
 
 
-def write(doc: dict[str, Any], path: Path) -> None:
+def write(doc: dict[str, Any], path: Path) -> Path | None:
+    """Write the tuned file (stamp, thresholds, sweep notes) to ``path`` and the raw measurements
+    beside it, in ``samples/<name>`` (returned): every first ``profile()`` reads the tuned file, and
+    only the thresholds are needed there (:mod:`hwprofile.tuning`)."""
     import tomli_w
 
+    from .tuning import SAMPLES_DIR
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps(doc))
+    measurements = doc.get("measurements")
+    head = {k: v for k, v in doc.items() if k != "measurements"}
+    samples = None
+    if measurements:
+        samples = path.parent / SAMPLES_DIR / path.name
+        samples.parent.mkdir(parents=True, exist_ok=True)
+        samples.write_text(tomli_w.dumps({"stamp": doc["stamp"], "measurements": measurements}))
+        head["sweep"] = {**head.get("sweep", {}), "samples": f"{SAMPLES_DIR}/{path.name}"}
+    path.write_text(tomli_w.dumps(head))
+    return samples
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -290,7 +336,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             rs = sorted((r for r in ms if r["k"] == kk), key=lambda r: r["n"])
             ax.plot([r["n"] for r in rs], [r["fallback_us"] / r["kernel_us"] for r in rs], "o-", label=f"K={kk}")
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.axvline(doc["thresholds"][f"{op}.max_n"], color="gray", ls=":", label=f"max_n={doc['thresholds'][f'{op}.max_n']}, max_k={doc['thresholds'][f'{op}.max_k']}")
+        ax.axvline(
+            doc["thresholds"][f"{op}.max_n"],
+            color="gray",
+            ls=":",
+            label=f"max_n={doc['thresholds'][f'{op}.max_n']}, max_k={doc['thresholds'][f'{op}.max_k']}",
+        )
         ax.set(xscale="log", xlabel="N", ylabel="fallback time / kernel time (>1: kernel faster)")
     st = doc["stamp"]
     ax.set_title(f"{op} on {st['device']} vs {st['fallback']['function']} (torch {st['fallback']['torch']})", fontsize=9)

@@ -9,8 +9,6 @@ The first stage of the kernel pipeline (cuda.core's ``ProgramOptions -> Program 
   included.
 
 cuda-python is imported only when NVRTC is asked something.
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations
@@ -31,9 +29,18 @@ FIXED_FLAGS: tuple[str, ...] = (f"-std={STD}", "--ptxas-options=--verbose")
 
 # Oldest NVRTC (major, minor) that knows each target's architecture.
 MIN_NVRTC: dict[str, tuple[int, int]] = {
-    "sm_80": (11, 0), "sm_89": (11, 8), "sm_90": (12, 0), "sm_90a": (12, 0),
-    "sm_100": (12, 8), "sm_100a": (12, 8), "sm_103": (12, 9), "sm_103a": (12, 9),
-    "sm_120": (12, 8), "sm_120a": (12, 8), "sm_121": (12, 9), "sm_121a": (12, 9),
+    "sm_80": (11, 0),
+    "sm_89": (11, 8),
+    "sm_90": (12, 0),
+    "sm_90a": (12, 0),
+    "sm_100": (12, 8),
+    "sm_100a": (12, 8),
+    "sm_103": (12, 9),
+    "sm_103a": (12, 9),
+    "sm_120": (12, 8),
+    "sm_120a": (12, 8),
+    "sm_121": (12, 9),
+    "sm_121a": (12, 9),
 }
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?\Z")
 
@@ -90,24 +97,42 @@ def nvrtc_archs() -> tuple[int, ...]:
 
 
 @cache
-def include_dirs() -> tuple[str, ...]:
-    """hwprofile's shared kernel headers, then the CUDA headers found by cuda.pathfinder."""
-    dirs = [OWN_INCLUDE]
+def cuda_headers() -> tuple[str | None, str | None]:
+    """``(directory, problem)``: the CUDA headers of NVRTC's major (:mod:`hwprofile.headers`)."""
+    from . import headers
+
     try:
         import cuda.pathfinder as pf
 
-        cudart = pf.find_nvidia_header_directory("cudart")
-    except Exception:  # noqa: BLE001 - a missing CUDA header directory shows up as a compile error naming the header
-        cudart = None
-    if cudart:
-        dirs.append(str(cudart))
-    return tuple(dirs)
+        found = pf.find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - the other candidates are still searched; none found is reported with the fix
+        found = None
+    try:
+        major: int | None = nvrtc_version()[0]
+    except ToolchainError:
+        major = None  # no NVRTC: nothing will compile, and that error is reported where compiling starts
+    return headers.choose(major, headers.candidates(str(found) if found else None))
+
+
+@cache
+def include_dirs() -> tuple[str, ...]:
+    """hwprofile's shared kernel headers, then the CUDA headers of NVRTC's major."""
+    cudart, _ = cuda_headers()
+    return (OWN_INCLUDE, cudart) if cudart else (OWN_INCLUDE,)
+
+
+def check_toolchain() -> None:
+    """Raise one :class:`ToolchainError` saying what is missing (NVRTC, matching headers), or return."""
+    nvrtc_version()
+    _, problem = cuda_headers()
+    if problem:
+        raise ToolchainError(problem)
 
 
 @_state.on_reset
 def clear_cache() -> None:
-    """Forget what was asked of NVRTC and where headers are (after installing another toolkit)."""
-    for f in (nvrtc_version, nvrtc_build, nvrtc_archs, include_dirs):
+    """Forget what was asked of NVRTC and where headers are (a reset may follow installing the matching headers)."""
+    for f in (nvrtc_version, nvrtc_build, nvrtc_archs, cuda_headers, include_dirs):
         f.cache_clear()
 
 
@@ -120,9 +145,7 @@ def check_target(target: str) -> None:
         need = MIN_NVRTC.get(target)
         v = nvrtc_version()
         hint = f"it needs NVRTC {need[0]}.{need[1]} or newer" if need else "no known NVRTC supports it"
-        raise ToolchainError(
-            f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with pip install -U 'hwprofile[cu13]'"
-        )
+        raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with pip install -U 'hwprofile[cu13]'")
 
 
 @dataclass(frozen=True)
@@ -177,7 +200,9 @@ class CompiledKernel:
         return max(int(x) for x in m) if m else None
 
 
-def nvrtc_compile(source: str, name: str, options: CompileOptions, expressions: Sequence[str], *, what: str) -> tuple[bytes, dict[str, str], str]:
+def nvrtc_compile(
+    source: str, name: str, options: CompileOptions, expressions: Sequence[str], *, what: str
+) -> tuple[bytes, dict[str, str], str]:
     """Compile ``source`` to a cubin; return (cubin, lowered names, log). Errors name ``what``."""
     nvrtc = _nvrtc()
     try:

@@ -26,11 +26,15 @@ def hwprofile_arch() -> ArchSpec:
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     against = "linear_bf16_fp32 (torch.mm out_dtype=fp32, cuBLAS)"
     return {
-        # History: cut to 4 after a sweep against an older bf16-output fallback, restored to 16 once
-        # the fallback became the fp32-output linear (kernel wins to M = 12, ties to 16).
-        "router_gemm.max_tokens": Value(16, f"from the design guide's engine history (that engine's JIT router kernel on SM100 against {against}: wins at M <= 12, ties at 13-16); hwprofile's kernel is not yet measured on SM100"),
+        "router_gemm.max_tokens": Value(
+            16,
+            f"from the design guide's engine history (that engine's JIT router kernel on SM100 against {against}: "
+            "wins at M <= 12, ties at 13-16); hwprofile's kernel is not yet measured on SM100",
+        ),
         "linear_bf16_fp32.max_tokens": Value(8, f"conservative until measured on SM100 against {against}"),
-        "gemv.split_k": Value(True, "spread small N over 148 SMs with cluster split-K; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
+        "gemv.split_k": Value(
+            True, "spread small N over 148 SMs with cluster split-K; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"
+        ),
         "gemv.cublas_roof_n_min": Value(12288, "assumed as on Hopper until swept on SM100"),
         "gemv.cublas_roof_n_max": Value(32768, "assumed as on Hopper until swept on SM100"),
         "fp8_gemv.cublas_roof_n_min": Value(0, "FP8 fallback dequantises first: the kernel is used at every N"),
@@ -42,7 +46,9 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
 def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
     arch = _ARCH_LIST.get(device.compute_capability, "10.0a")
     return {
-        "TORCH_CUDA_ARCH_LIST": EnvDefault(arch, f"build torch extensions for sm_{arch[:-1].replace('.', '')}a: tcgen05/TMEM need the arch-specific target"),
+        "TORCH_CUDA_ARCH_LIST": EnvDefault(
+            arch, f"build torch extensions for sm_{arch[:-1].replace('.', '')}a: tcgen05/TMEM need the arch-specific target"
+        ),
         "CUDA_MODULE_LOADING": EnvDefault("LAZY", "load kernels on first use: less context memory, faster start"),
     }
 

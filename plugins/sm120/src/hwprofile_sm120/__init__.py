@@ -22,19 +22,27 @@ _TUNING = {
 
 @hookimpl
 def hwprofile_arch() -> ArchSpec:
-    return ArchSpec({(12, 0): "sm_120a", (12, 1): "sm_121a"}, "NVIDIA Blackwell workstation / DGX Spark: no tcgen05/TMEM, ~99 KB smem/block")
+    return ArchSpec(
+        {(12, 0): "sm_120a", (12, 1): "sm_121a"}, "NVIDIA Blackwell workstation / DGX Spark: no tcgen05/TMEM, ~99 KB smem/block"
+    )
 
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "router_gemm.max_tokens": Value(16, "JIT router GEMM compiled for M = 1..16; to be re-measured on SM120 against the fp32-output cuBLAS fallback"),
+        "router_gemm.max_tokens": Value(
+            16, "JIT router GEMM compiled for M = 1..16; to be re-measured on SM120 against the fp32-output cuBLAS fallback"
+        ),
         "linear_bf16_fp32.max_tokens": Value(8, "conservative until measured on SM120 against torch.mm(out_dtype=fp32)"),
         # The FP8 GEMV exists for SM120: with no tcgen05, cuBLAS FP8 at M = 1 is a poor fit and the
         # fallback dequantises the whole weight first.
         # SM12x has no tcgen05/TMEM and ~99 KB of shared memory per block, so the datacenter
         # Blackwell GEMM paths do not apply; the SIMT/mma.sync kernels need split-K to fill the SMs.
-        "gemv.split_k": Value(True, "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N; not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0"),
+        "gemv.split_k": Value(
+            True,
+            "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N; "
+            "not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0",
+        ),
         "fp8_gemv.cublas_roof_n_min": Value(0, "the FP8 kernel is used at every N (no near-roof fallback for FP8 at M = 1)"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }

@@ -36,7 +36,9 @@ ROUTER = Stamp("router_gemm", fallback={"function": "torch.mm(out_dtype=torch.fl
 LINEAR = Stamp("linear_bf16_fp32", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
 GEMV = Stamp("gemv", fallback={"function": "torch.nn.functional.linear", **_LIBS}, **_H200)
 # re-swept against the chunked, fp32-accumulating FP8 fallback (benchmarks/h200/ops_sweeps/fp8_gemv.toml, same kernel)
-FP8 = Stamp("fp8_gemv", fallback={"function": "chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", **_LIBS}, **_H200)
+FP8 = Stamp(
+    "fp8_gemv", fallback={"function": "chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", **_LIBS}, **_H200
+)
 
 
 @hookimpl
@@ -55,7 +57,11 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
         "linear_bf16_fp32.max_n": Value(4096, "widest N swept", LINEAR),
         "linear_bf16_fp32.min_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
         "linear_bf16_fp32.max_k": Value(7168, "the sweep measured K = 7168 only", LINEAR),
-        "gemv.split_k": Value(True, "small N leaves most of the 132 SMs idle without split-K over a cluster; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"),
+        "gemv.split_k": Value(
+            True,
+            "small N leaves most of the 132 SMs idle without split-K over a cluster; "
+            "not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0",
+        ),
         # sweep over N x K: the largest all-winning box is N <= 4096, K <= 7168 (1.03-1.20x); the
         # kernel also wins at N = 7168-12288 for K = 2048-7168 (not a box), ties or loses from K = 16384
         # and N = 16384 (cuBLAS reaches 3.6-4.0 TB/s there).

@@ -12,8 +12,6 @@ from the variant sweeps on the H200 (``benchmarks/variants_sm90.py``, logs in ``
   split-K kernel (a 2-block cluster) fills the SMs best; otherwise ``hwp90_gemv``, a persistent
   grid of 2 blocks per SM that stages x once per block.
 * FP8 GEMV: the shared SIMT kernel (none of the sm90 variants beat it at every shape).
-
-PYTEST_DONT_REWRITE
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""pytest plugin (entry point ``pytest11``): simulated devices and architecture / GPU markers.
+"""pytest plugin for hwprofile (entry point ``pytest11``): simulated devices, architecture and GPU markers.
 
-* ``--hwprofile-device=NAME`` (or ``HWPROFILE_DEVICE``) simulates a catalog GPU for the session.
+* ``--hwprofile-device=NAME`` (or ``HWPROFILE_DEVICE``) simulates a GPU for the session: a catalog
+  name (``h200``), a generic capability (``sm_110``, ``11.0``) or a comma list. A name that is not
+  known is one usage error at start-up, not one error per test.
 * ``@pytest.mark.hwprofile_arch("sm_120", "sm_121")`` runs a test only when device 0 has one of
   these *exact* capabilities (real or simulated), and skips it with the reason otherwise.
 * ``@pytest.mark.hwprofile_gpu("sm_90")`` needs a *real* GPU (of that capability, if given) usable
   by torch; it skips cleanly without one, so CPU-only CI passes.
-* fixtures: ``hwprofile_profile`` (device 0's profile) and ``hwprofile_simulate`` (switch the
-  simulated device inside a test; the previous state is restored).
+* fixtures: ``hwprofile_profile`` (device 0's profile; skips with the reason when there is no device)
+  and ``hwprofile_simulate`` (switch the simulated device inside a test; the previous state is restored).
 
-PYTEST_DONT_REWRITE: this distribution provides a pytest11 plugin, so pytest would re-compile
-every hwprofile module through its assertion rewriter; on Python 3.12 that was seen to drop the
-spaces between f-string fields (2026-11-30, pytest 9.1). Its few asserts are internal invariants.
+It is its own distribution, ``pytest-hwprofile``: pytest rewrites the asserts of every module of a
+distribution that declares a ``pytest11`` entry point, and hwprofile's modules are library code.
 """
 
 from __future__ import annotations
@@ -22,34 +23,45 @@ from typing import Any
 
 import pytest
 
-from .device import SIMULATE_ENV
+SIMULATE_ENV = "HWPROFILE_DEVICE"  # hwprofile.device.SIMULATE_ENV; not imported here so that loading pytest imports no hwprofile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hwprofile")
-    group.addoption("--hwprofile-device", default=None, metavar="NAME", help="simulate this catalog GPU (comma list for several)")
+    group.addoption(
+        "--hwprofile-device", default=None, metavar="NAME",
+        help="simulate this GPU: a catalog name (h200), a capability (sm_110, 11.0), a comma list, or 'none'",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    name = config.getoption("--hwprofile-device", default=None)
-    if name and name.lower() != "none":
-        os.environ[SIMULATE_ENV] = name
-        from .profiles import reset
-
-        reset()
     config.addinivalue_line("markers", "hwprofile_arch(*sms): run only when device 0 has one of these exact capabilities (sm_90, 12.1...)")
     config.addinivalue_line("markers", "hwprofile_gpu(*sms): needs a real GPU usable by torch (of one of these capabilities, if given)")
+    name = config.getoption("--hwprofile-device", default=None)
+    if not name or name.strip().lower() == "none":
+        return
+    from hwprofile import device
+    from hwprofile.errors import DeviceError
+
+    try:
+        device.simulated_detection(name)
+    except DeviceError as exc:
+        raise pytest.UsageError(f"--hwprofile-device={name}: {exc}") from None
+    os.environ[SIMULATE_ENV] = name
+    from hwprofile.profiles import reset
+
+    reset()
 
 
 def _parse_cc(s: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(?:sm_?)?(\d+)\.?(\d)a?", s.strip().lower())
+    m = re.fullmatch(r"(?:sm_?)?(\d+)\.?(\d)[af]?", s.strip().lower())
     if not m:
         raise pytest.UsageError(f"hwprofile marker: {s!r} is not a capability; write 'sm_90', 'sm_121' or '9.0'")
     return int(m.group(1)), int(m.group(2))
 
 
 def _device0(real: bool) -> tuple[Any, str]:
-    from . import device
+    from hwprofile import device
 
     det = device.detect({k: v for k, v in os.environ.items() if k != SIMULATE_ENV}) if real else device.detect()
     if not det.devices:
@@ -81,17 +93,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def hwprofile_profile() -> Any:
-    """Device 0's profile, resolved fresh for this test."""
-    from .profiles import profile, reset
+    """Device 0's profile, resolved fresh for this test; skips with the reason when there is no device."""
+    from hwprofile.profiles import profile, reset
 
     reset()
+    d, desc = _device0(real=False)
+    if d is None:
+        pytest.skip(f"nothing to profile: {desc}; simulate one with --hwprofile-device=NAME")
     return profile(0)
 
 
 @pytest.fixture
 def hwprofile_simulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Any]]:
     """``hwprofile_simulate("rtx-pro-6000")`` switches the simulated device and returns its profile."""
-    from .profiles import profile, reset
+    from hwprofile.profiles import profile, reset
 
     def simulate(name: str) -> Any:
         monkeypatch.setenv(SIMULATE_ENV, name)

@@ -1,0 +1,404 @@
+"""Tuning: stamps, tuned-thresholds files, and whether a measured value still holds. Never imports torch.
+
+A threshold tuned against one fallback silently goes wrong when the fallback changes (the design
+guide's case 1). So every tuned value, and every shipped plugin threshold that was measured, carries
+a :class:`Stamp`: the device (UUID-free), the plugin and its version, the kernel's source digest,
+and the **fallback identity** (the fallback function, torch's version, cuBLAS/cuBLASLt's version),
+read from package metadata only.
+
+:func:`compare` sorts what differs between a stamp and the running system into three kinds, so
+that a warning fires only when it means something (a warning that fires for everyone is noise):
+
+* **stale**: something the measurement depended on changed: another GPU generation, another
+  plugin, another kernel source, another fallback function, or, on a real GPU, another
+  major.minor of torch or cuBLAS. Patch versions never count.
+* **note**: worth knowing, not wrong: measured on another card of the same capability
+  ("measured on NVIDIA H200"), by another version of the same plugin with the same kernel, or
+  library versions that differ on a *simulated* device (whose libraries are not the ones that ran).
+* **unknown**: one side is not known (torch not installed, no cuBLAS wheel): "cannot tell", never
+  "changed".
+
+A stale shipped threshold still applies and is reported once per process (until ``hwprofile.reset()``);
+a stale tuned file is ignored (the shipped value applies) with one warning per file. ``HWPROFILE_STRICT=1`` turns both
+into an error. ``hwprofile explain KEY`` shows the details.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _state
+from ._log import get_logger
+from .errors import SettingError
+from .optable import OPS
+
+if TYPE_CHECKING:
+    from .device import DeviceInfo
+    from .registry import Selection
+    from .settings import SettingsResolver
+
+log = get_logger(__name__)
+
+TUNED_ENV = "HWPROFILE_TUNED_FILE"
+STRICT_ENV = "HWPROFILE_STRICT"
+# A tuned file holds a stamp and a few thresholds (under 2 KiB); sweep writes raw samples elsewhere.
+# Anything much larger is not a tuned file, and parsing it would cost every first profile() (an
+# 8 MB file took 4.8 s), so it is refused with an error that says what to do.
+MAX_TUNED_BYTES = 1 << 20
+SAMPLES_DIR = "samples"
+
+FALLBACK_FUNCTION = {name: op.fallback for name, op in OPS.items()}  # declared once, in the op table
+_CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
+_UNKNOWN = ("", "unknown", "not installed")
+_LIBRARIES = ("torch", "cublas", "cublaslt")
+
+
+# --- stamps --------------------------------------------------------------------------------------
+
+
+def device_identity(d: DeviceInfo) -> str:
+    """A UUID-free identity: two cards of one model share it, a different model does not."""
+    mem = f" {round(d.memory_bytes / 2**30)} GiB" if d.memory_bytes else ""
+    return f"{d.name} {d.sm}{mem}"
+
+
+def fallback_identity(op: str) -> dict[str, str]:
+    """What decides which library kernel the op's fallback runs, read from package metadata."""
+    from .registry import installed_version
+
+    cublas = installed_version(*_CUBLAS_DISTS) or "unknown"
+    return {
+        "function": FALLBACK_FUNCTION[op],
+        "torch": installed_version("torch") or "not installed",
+        "cublas": cublas,
+        "cublaslt": cublas,  # shipped in the same wheel as cuBLAS
+    }
+
+
+class Stamp(NamedTuple):
+    """What a threshold was measured against."""
+
+    op: str
+    device: str  # device_identity()
+    compute_capability: tuple[int, int]
+    plugin: str
+    plugin_version: str
+    kernel: str  # source digest of the op's kernel (plugin + hwprofile headers)
+    fallback: Mapping[str, str] = MappingProxyType({})
+    date: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "device": self.device,
+            "compute_capability": list(self.compute_capability),
+            "plugin": self.plugin,
+            "plugin_version": self.plugin_version,
+            "kernel": self.kernel,
+            "fallback": dict(self.fallback),
+            "date": self.date,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, where: str) -> Stamp:
+        try:
+            return cls(
+                op=str(d["op"]),
+                device=str(d["device"]),
+                compute_capability=(int(d["compute_capability"][0]), int(d["compute_capability"][1])),
+                plugin=str(d["plugin"]),
+                plugin_version=str(d["plugin_version"]),
+                kernel=str(d["kernel"]),
+                fallback={str(k): str(v) for k, v in dict(d.get("fallback", {})).items()},
+                date=str(d.get("date", "")),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise SettingError(
+                f"{where}: [stamp] is incomplete or malformed ({type(exc).__name__}: {exc}); regenerate it with 'hwprofile sweep'"
+            ) from None
+
+
+def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "") -> Stamp:
+    """The stamp that a sweep run now, here, would write."""
+    return Stamp(op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date)
+
+
+# --- comparing a stamp with what runs now --------------------------------------------------------
+
+
+class Comparison(NamedTuple):
+    """What differs between a stamp and the running system, sorted by what it means (module doc)."""
+
+    stale: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def is_stale(self) -> bool:
+        return bool(self.stale)
+
+
+def _major_minor(version: str) -> tuple[int, ...] | None:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``; ``None`` when the text has no leading number."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
+    """Sort the differences between ``stamp`` and ``now`` into stale, notes and unknown.
+
+    ``real_gpu`` is False for a simulated device: the libraries installed here are not the ones that
+    would run on it, so their versions are a note, never stale.
+    """
+    stale: list[str] = []
+    notes: list[str] = []
+    unknown: list[str] = []
+    if stamp.compute_capability != now.compute_capability:
+        cc, ncc = stamp.compute_capability, now.compute_capability
+        stale.append(f"measured on compute capability {cc[0]}.{cc[1]} ({stamp.device}), this device is {ncc[0]}.{ncc[1]}")
+    elif stamp.device != now.device:
+        notes.append(f"measured on {stamp.device}")
+    if stamp.plugin != now.plugin:
+        stale.append(f"measured with plugin {stamp.plugin!r}, {now.plugin!r} is selected")
+    elif stamp.plugin_version != now.plugin_version:
+        notes.append(f"measured with {stamp.plugin} {stamp.plugin_version}, {now.plugin_version or 'unknown'} is installed")
+    if not stamp.kernel or not now.kernel:
+        unknown.append(
+            "kernel source: cannot tell (" + ("the stamp records none" if not stamp.kernel else "no kernel for this op now") + ")"
+        )
+    elif stamp.kernel != now.kernel:
+        stale.append(f"kernel source changed ({stamp.kernel[:12]} -> {now.kernel[:12]})")
+    fa, fb = stamp.fallback.get("function"), now.fallback.get("function")
+    if fa and fb and fa != fb:
+        stale.append(f"fallback function changed ({fa} -> {fb})")
+    for lib in _LIBRARIES:
+        if (
+            lib == "cublaslt"
+            and stamp.fallback.get("cublaslt") == stamp.fallback.get("cublas")
+            and now.fallback.get("cublaslt") == now.fallback.get("cublas")
+        ):
+            continue  # one wheel: already compared as cuBLAS
+        a, b = stamp.fallback.get(lib), now.fallback.get(lib)
+        if a is None:
+            continue  # the stamp does not record it
+        if a in _UNKNOWN or b is None or b in _UNKNOWN:
+            unknown.append(f"fallback {lib}: cannot tell (measured with {a or 'unknown'}, here {b or 'unknown'})")
+            continue
+        ma, mb = _major_minor(a), _major_minor(b)
+        if ma is None or mb is None:
+            unknown.append(f"fallback {lib}: cannot tell (versions {a!r}, {b!r})")
+        elif ma != mb:
+            what = f"fallback {lib} {'.'.join(map(str, ma))} -> {'.'.join(map(str, mb))}"
+            (stale if real_gpu else notes).append(what if real_gpu else f"{what} (simulated device: not compared)")
+    return Comparison(tuple(stale), tuple(notes), tuple(unknown))
+
+
+def changes(stamp: Stamp, now: Stamp, *, real_gpu: bool = True) -> list[str]:
+    """What changed since ``stamp`` in a way that makes the value stale; empty when it still holds."""
+    return list(compare(stamp, now, real_gpu=real_gpu).stale)
+
+
+def strict(environ: Mapping[str, str]) -> bool:
+    """``HWPROFILE_STRICT`` is on: stale values are errors."""
+    return environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_warned: set[str] = set()
+_warned_shipped = [False]
+
+
+@_state.on_reset
+def _forget_warnings() -> None:
+    """A reset (new environment or plugins) may make other values stale: warn again."""
+    _warned.clear()
+    _warned_shipped[0] = False
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+class Staleness:
+    """Compares stamps with what runs now for one profile being resolved."""
+
+    def __init__(self, info: DeviceInfo, selection: Selection, kernels: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+        self.info, self.selection, self.kernels = info, selection, kernels
+        self.strict = strict(environ)
+        self._now: dict[str, Stamp] = {}
+        self.stale_shipped: list[tuple[str, Stamp, tuple[str, ...]]] = []
+
+    def now(self, op: str) -> Stamp:
+        if op not in self._now:
+            p = self.selection.plugin
+            spec = self.kernels.get(op)
+            digest = spec.source_digest(with_cuda_headers=False) if spec is not None else ""
+            self._now[op] = current(op, self.info, p.name if p else "", (p.version or "") if p else "", digest)
+        return self._now[op]
+
+    def compare(self, stamp: Stamp) -> Comparison:
+        if stamp.op not in FALLBACK_FUNCTION:
+            return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
+        return compare(stamp, self.now(stamp.op), real_gpu=not self.info.simulated)
+
+    def shipped(self, key: str, stamp: Any) -> str:
+        """A plugin's measured threshold: a stale one is recorded (reported by :meth:`report`) and still used."""
+        if not isinstance(stamp, Stamp):
+            return ""
+        c = self.compare(stamp)
+        if c.stale:
+            self.stale_shipped.append((key, stamp, c.stale))
+        return "; ".join(c.stale)
+
+    def report(self) -> None:
+        """One short warning per process for stale shipped thresholds; an error under HWPROFILE_STRICT."""
+        if not self.stale_shipped:
+            return
+        keys = [k for k, _, _ in self.stale_shipped]
+        st = self.stale_shipped[0][1]
+        why = sorted({w for _, _, ws in self.stale_shipped for w in ws})
+        ops = " ".join(sorted({s.op for _, s, _ in self.stale_shipped}))
+        msg = (
+            f"hwprofile: {len(keys)} threshold(s) shipped by {st.plugin} {st.plugin_version} are stale on device {self.info.index} "
+            f"({why[0]}{f' and {len(why) - 1} more' if len(why) > 1 else ''}); they still apply. "
+            f"Details: hwprofile explain {keys[0]}; re-measure: hwprofile sweep OP (ops: {ops})"
+        )
+        if self.strict:
+            raise SettingError(f"{msg} [{STRICT_ENV}=1: stale values are errors; stale keys: {', '.join(keys)}]")
+        if not _warned_shipped[0]:
+            _warned_shipped[0] = True
+            log.warning(msg)
+
+    def tuned_file(self, where: str, stamp: Stamp) -> str:
+        """A stale tuned file is ignored (one warning per file), or an error under HWPROFILE_STRICT."""
+        c = self.compare(stamp)
+        if not c.stale:
+            return ""
+        msg = (
+            f"hwprofile: {where} is stale for device {self.info.index} ({'; '.join(c.stale)}); its values are ignored "
+            f"and the shipped ones apply. Re-tune with: hwprofile sweep {stamp.op} --device {self.info.index}"
+        )
+        if self.strict:
+            raise SettingError(f"{msg} [{STRICT_ENV}=1]")
+        _warn_once(msg)
+        return "; ".join(c.stale)
+
+
+def assess(prof: Any, stamp: Stamp) -> Comparison:
+    """The comparison of one stamp with what runs for a resolved profile (for ``explain``)."""
+    return Staleness(prof.device, prof.selection, prof.kernels, {}).compare(stamp)
+
+
+# --- tuned files ---------------------------------------------------------------------------------
+
+
+def config_dir(environ: Mapping[str, str]) -> str:
+    """``HWPROFILE_CONFIG_DIR``, else the user config dir for "hwprofile" as platformdirs defines it.
+
+    On Linux that is the XDG rule (``$XDG_CONFIG_HOME`` or ``~/.config``, then ``hwprofile``),
+    applied here because importing platformdirs costs 3-4 ms of every first ``profile()``; a test
+    checks that both agree. Elsewhere platformdirs decides.
+    """
+    base = environ.get("HWPROFILE_CONFIG_DIR")
+    if base:
+        return base
+    if sys.platform == "linux" and "ANDROID_DATA" not in environ:
+        xdg = environ.get("XDG_CONFIG_HOME", "").strip()
+        return os.path.join(xdg or os.path.expanduser("~/.config"), "hwprofile")
+    import platformdirs
+
+    return platformdirs.user_config_dir("hwprofile")
+
+
+def tuned_dir(info: DeviceInfo, environ: Mapping[str, str]) -> Path:
+    """Default location of tuned files for a device: ``<config dir>/tuned/<device identity>/``."""
+    import re
+
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
+    return Path(config_dir(environ)) / "tuned" / slug
+
+
+def tuned_files(info: DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
+    """Tuned files for a device: every ``*.toml`` in its default directory, then ``HWPROFILE_TUNED_FILE`` entries.
+
+    Only the directory itself is read: sweep's raw samples live in its ``samples/`` subdirectory.
+    """
+    d = tuned_dir(info, environ)
+    files = sorted(d.glob("*.toml")) if d.is_dir() else []
+    files += [Path(p) for p in environ.get(TUNED_ENV, "").split(os.pathsep) if p.strip()]
+    return files
+
+
+def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
+    """The stamp and thresholds of one tuned file; errors name the file and the fix.
+
+    Files from older sweeps carry their raw ``[[measurements]]`` inline, after the tables resolving
+    needs; only the text before them is parsed (falling back to the whole file if that part is not
+    a complete document).
+    """
+    import tomllib  # only when a tuned file exists
+
+    where = f"tuned file {p}"
+    try:
+        size = p.stat().st_size
+        if size > MAX_TUNED_BYTES:
+            raise SettingError(
+                f"{where} is {size / 2**20:.1f} MiB; a tuned file holds a stamp and a few thresholds and may be at most "
+                f"{MAX_TUNED_BYTES // 2**20} MiB. Move raw measurements out of it ('hwprofile sweep' writes them to "
+                f"{SAMPLES_DIR}/), or fix {TUNED_ENV} / the tuned directory"
+            )
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingError(f"{where}: file not found; fix {TUNED_ENV} or run 'hwprofile sweep' to write it") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"{where}: cannot be read ({exc}); regenerate it with 'hwprofile sweep'") from None
+    doc: dict[str, Any] | None = None
+    cut = text.find("\n[[measurements]]")
+    if cut >= 0:
+        try:
+            head = tomllib.loads(text[:cut])
+            if isinstance(head.get("thresholds"), dict) and isinstance(head.get("stamp"), dict):
+                doc = head
+        except tomllib.TOMLDecodeError:
+            doc = None
+    if doc is None:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingError(f"{where}: not valid TOML ({exc}); regenerate it with 'hwprofile sweep'") from None
+    thresholds = doc.get("thresholds")
+    if not isinstance(thresholds, dict):
+        raise SettingError(f"{where}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
+    if not isinstance(doc.get("stamp"), dict):
+        raise SettingError(
+            f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'"
+        )
+    return Stamp.from_dict(doc["stamp"], where=where), thresholds
+
+
+def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: Staleness, environ: Mapping[str, str]) -> None:
+    """Add every tuned file for ``info`` as a layer; a stale file's values stay in the chain, unapplied."""
+    for p in tuned_files(info, environ):
+        stamp, thresholds = read_tuned(p)
+        where = f"tuned file {p}"
+        what = staleness.tuned_file(where, stamp)
+
+        def check(key: str, st: Any, what: str = what) -> str:
+            return what
+
+        resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=check, drop_stale=True)
