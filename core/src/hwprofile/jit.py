@@ -198,7 +198,9 @@ def load(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_t
             raise ToolchainError(problem)
         from .launch import load_function
 
-        fn = load_function(compiled.key, compiled.cubin, compiled.lowered[launch.name_expression], device_index, what=f"{what} for {target}")
+        fn = load_function(
+            compiled.key, compiled.cubin, compiled.lowered[launch.name_expression], device_index, what=f"{what} for {target}"
+        )
         k = LoadedKernel(fn, launch.name_expression, arg_types)
     except KernelError:
         raise
