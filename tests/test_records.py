@@ -11,6 +11,7 @@ from hwprofile import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Launch, Plug
 from hwprofile._record import Record
 from hwprofile.device import Detection, DriverAttributes
 from hwprofile.errors import SettingError
+from hwprofile.plugin import ArchTuning, Stamp
 from hwprofile.registry import Selection
 from hwprofile.settings import Layer, ResolvedEnvDefault, ResolvedSetting
 
@@ -30,6 +31,8 @@ SAMPLES: list[Record] = [
     ResolvedEnvDefault("A", "1", "why", True, "p"),
     Launch("k<1>", (1, 1, 1), (32, 1, 1)),
     KernelSpec("op", "pkg", "k.cu", ("k<1>",), print),
+    Stamp("router_gemm", "NVIDIA H200 sm_90 140 GiB", (9, 0), "sm90", "0.1.0", "ab" * 32, {"function": "f", "torch": "2.11.0"}),
+    ArchTuning(sm_count=132, max_shared_bytes=227 * 1024),
 ]
 
 

@@ -26,7 +26,7 @@ def stamp(**changes: object) -> tuning.Stamp:
     base = tuning.Stamp("router_gemm", tuning.device_identity(H200), (9, 0), "arch", "1.0", "k" * 64, FB, "2026-11-30")
     fb = {**FB, **{k[9:]: v for k, v in changes.items() if k.startswith("fallback_")}}
     rest = {k: v for k, v in changes.items() if not k.startswith("fallback_")}
-    return base._replace(fallback=fb, **rest)
+    return base.replace(fallback=fb, **rest)
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def _arch(st: tuning.Stamp) -> object:
 
         @hookimpl
         def hwprofile_settings(self, device: DeviceInfo, resolved: dict[str, object]) -> dict[str, object]:
-            return {KEY: Value(12, "measured", st), "linear_bf16_fp32.max_tokens": Value(8, "measured", st._replace(op="linear_bf16_fp32"))}
+            return {KEY: Value(12, "measured", st), "linear_bf16_fp32.max_tokens": Value(8, "measured", st.replace(op="linear_bf16_fp32"))}
 
     return Arch()
 
@@ -100,7 +100,7 @@ def test_shipped_stale_warns_once_per_process_and_still_applies(fresh_warning: N
 
 
 def test_same_capability_other_card_is_a_note_not_a_warning(fresh_warning: None, caplog: pytest.LogCaptureFixture) -> None:
-    st = stamp(kernel="")._replace(fallback=tuning.fallback_identity("router_gemm"))  # libraries as installed here
+    st = stamp(kernel="").replace(fallback=tuning.fallback_identity("router_gemm"))  # libraries as installed here
     caplog.set_level(logging.WARNING)
     prof = build_profile(H100, _reg(st), {})
     assert prof[KEY] == 12 and prof.explain(KEY).winner.stale == ""
@@ -123,7 +123,7 @@ def test_stale_tuned_file_ignored_and_strict_error(tmp_path: Path, caplog: pytes
     f = tmp_path / "t.toml"
     f.write_text(tuned_toml(H200, {KEY: 3}, plugin="arch", version="1.0", fallback_function="torch.nn.functional.linear"))
     env = {"HWPROFILE_TUNED_FILE": str(f)}
-    prof = build_profile(H200, _reg(stamp(kernel="")._replace(fallback=tuning.fallback_identity("router_gemm"))), env)
+    prof = build_profile(H200, _reg(stamp(kernel="").replace(fallback=tuning.fallback_identity("router_gemm"))), env)
     r = prof.explain(KEY)
     assert r.value == 12 and not r.chain[-1].applied and "fallback function changed" in r.chain[-1].stale
     assert "its values are ignored" in caplog.text
@@ -216,7 +216,7 @@ def test_shipped_stamp_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     who, key, st, digest = stamps[0]
     assert st.kernel == digest or pytest.fail(f"{who}: {key}: stamp and kernel differ already")
     changed = DeviceInfo(0, "x", st.compute_capability)
-    c = tuning.compare(st, st._replace(kernel="0" * 64, device=tuning.device_identity(changed)), real_gpu=True)
+    c = tuning.compare(st, st.replace(kernel="0" * 64, device=tuning.device_identity(changed)), real_gpu=True)
     assert any("kernel source changed" in w for w in c.stale)
 
 

@@ -70,7 +70,9 @@ class Record:
         return f"{type(self).__name__}({fields})"
 
     def __reduce__(self) -> tuple[Any, tuple[object, ...]]:
-        return _rebuild, (type(self), {f: getattr(self, f) for f in self.__slots__})
+        # a read-only mapping field travels as a dict (mappingproxy does not pickle); the constructor re-wraps it
+        fields = {f: getattr(self, f) for f in self.__slots__}
+        return _rebuild, (type(self), {f: dict(v) if isinstance(v, MappingProxyType) else v for f, v in fields.items()})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied; the constructor checks them as it checks any value."""

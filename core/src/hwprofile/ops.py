@@ -46,7 +46,11 @@ from .optable import FP8_GEMV, GEMV, LINEAR_BF16_FP32, NO_SCALE, OPS, ROUTER_GEM
 from .profiles import Profile, profile
 
 if TYPE_CHECKING:
+    from typing import Literal
+
     import torch
+
+    Path = Literal["kernel", "fallback"]  #: where a Decision sends a call
 
 __all__ = [
     "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "decide", "fp8_gemv", "gemv", "linear_bf16_fp32", "register",
@@ -69,11 +73,11 @@ class Decision:
     __slots__ = ("gate", "op", "path", "reason")
 
     op: str
-    path: str  #: "kernel" | "fallback"
+    path: Path  #: "kernel" | "fallback"
     reason: str  #: in words, naming the setting or bound that decided
     gate: str | None  #: the gate that sent the call to the fallback (None: kernel); see :func:`route`
 
-    def __init__(self, op: str, path: str, reason: str, gate: str | None = None) -> None:
+    def __init__(self, op: str, path: Path, reason: str, gate: str | None = None) -> None:
         self.op, self.path, self.reason, self.gate = op, path, reason, gate
 
     def __repr__(self) -> str:

@@ -11,33 +11,80 @@ static_asserts for its SM's limits; the dynamic shared memory is checked here.
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
 
 from . import optable
+from ._record import Record, _set, final
 from .kernelspec import KernelSpec, Launch
 from .optable import NO_SCALE as NO_SCALE  # re-exported for plugins
 from .optable import ROW_SCALE as ROW_SCALE
 from .optable import TENSOR_SCALE as TENSOR_SCALE
 
 
-class ArchTuning(NamedTuple):
+@final
+class ArchTuning(Record):
     """Per-SM constants the launch plan depends on (defaults measured on the H200, see benchmarks/)."""
 
+    __slots__ = (
+        "sm_count", "max_shared_bytes", "max_cluster", "prefix", "mma_warps", "mma_nt", "mma_unroll",
+        "mma_blocks_per_sm", "simt_warps", "simt_rows", "simt_unroll", "fp8_unroll", "simt_split_below",
+    )
+
+    #: Multiprocessors on the SM generation's reference card.
     sm_count: int
-    max_shared_bytes: int  # opt-in shared memory per block
-    max_cluster: int = 8  # portable cluster size
-    prefix: str = "hwp"  # entry points <prefix>_skinny_mma / <prefix>_gemv_simt in the plugin's source
-    # tensor-core kernel (fp32 out, M <= 16): 8 warps x one n8 tile, 4 chunks per batch
-    mma_warps: int = 8
-    mma_nt: int = 1
-    mma_unroll: int = 4
-    mma_blocks_per_sm: float = 1.4  # split K over a cluster until the grid has this many blocks per SM
-    # SIMT kernel (M = 1): 4 warps x 2 rows, 4 (bf16) or 2 (fp8) vectors per row per batch
-    simt_warps: int = 4
-    simt_rows: int = 2
-    simt_unroll: int = 4
-    fp8_unroll: int = 2
-    simt_split_below: float = 3.0  # split K in 2 when the grid has fewer blocks per SM than this
+    #: Opt-in shared memory per block, bytes.
+    max_shared_bytes: int
+    #: Largest portable thread-block cluster.
+    max_cluster: int
+    #: Entry points ``<prefix>_skinny_mma`` / ``<prefix>_gemv_simt`` in the plugin's source.
+    prefix: str
+    #: Tensor-core kernel (fp32 out, M <= 16): warps per block, each one n8 tile ...
+    mma_warps: int
+    #: ... n8 tiles per warp ...
+    mma_nt: int
+    #: ... and K chunks per batch.
+    mma_unroll: int
+    #: Split K over a cluster until the grid has this many blocks per SM.
+    mma_blocks_per_sm: float
+    #: SIMT kernel (M = 1): warps per block ...
+    simt_warps: int
+    #: ... rows per warp ...
+    simt_rows: int
+    #: ... 16-byte vectors per row per batch (bf16) ...
+    simt_unroll: int
+    #: ... and for FP8.
+    fp8_unroll: int
+    #: Split K in 2 when the grid has fewer blocks per SM than this.
+    simt_split_below: float
+
+    def __init__(
+        self,
+        sm_count: int,
+        max_shared_bytes: int,
+        max_cluster: int = 8,
+        prefix: str = "hwp",
+        mma_warps: int = 8,
+        mma_nt: int = 1,
+        mma_unroll: int = 4,
+        mma_blocks_per_sm: float = 1.4,
+        simt_warps: int = 4,
+        simt_rows: int = 2,
+        simt_unroll: int = 4,
+        fp8_unroll: int = 2,
+        simt_split_below: float = 3.0,
+    ) -> None:
+        _set(self, "sm_count", sm_count)
+        _set(self, "max_shared_bytes", max_shared_bytes)
+        _set(self, "max_cluster", max_cluster)
+        _set(self, "prefix", prefix)
+        _set(self, "mma_warps", mma_warps)
+        _set(self, "mma_nt", mma_nt)
+        _set(self, "mma_unroll", mma_unroll)
+        _set(self, "mma_blocks_per_sm", mma_blocks_per_sm)
+        _set(self, "simt_warps", simt_warps)
+        _set(self, "simt_rows", simt_rows)
+        _set(self, "simt_unroll", simt_unroll)
+        _set(self, "fp8_unroll", fp8_unroll)
+        _set(self, "simt_split_below", simt_split_below)
 
 
 def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: int, split_k: bool) -> Launch:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _state
 from ._log import get_logger
+from ._record import Record, _set, final
 from .errors import SettingError
 from .optable import OPS
 
@@ -80,17 +81,47 @@ def fallback_identity(op: str) -> dict[str, str]:
     }
 
 
-class Stamp(NamedTuple):
-    """What a threshold was measured against."""
+@final
+class Stamp(Record):
+    """What a threshold was measured against: where, with which plugin and kernel, against which fallback."""
 
+    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date")
+
+    #: The op whose threshold this is (an op-table name).
     op: str
-    device: str  # device_identity()
+    #: The measured device, as :func:`device_identity` writes it.
+    device: str
+    #: Its compute capability (major, minor).
     compute_capability: tuple[int, int]
+    #: The plugin whose kernel was measured, and its version.
     plugin: str
     plugin_version: str
-    kernel: str  # source digest of the op's kernel (plugin + hwprofile headers)
-    fallback: Mapping[str, str] = MappingProxyType({})
-    date: str = ""
+    #: Source digest of the op's kernel (plugin source + hwprofile headers).
+    kernel: str
+    #: The fallback measured against: its function identity and library versions (read-only).
+    fallback: Mapping[str, str]
+    #: When it was measured (ISO date), or "".
+    date: str
+
+    def __init__(
+        self,
+        op: str,
+        device: str,
+        compute_capability: tuple[int, int],
+        plugin: str,
+        plugin_version: str,
+        kernel: str,
+        fallback: Mapping[str, str] = MappingProxyType({}),
+        date: str = "",
+    ) -> None:
+        _set(self, "op", op)
+        _set(self, "device", device)
+        _set(self, "compute_capability", tuple(compute_capability))
+        _set(self, "plugin", plugin)
+        _set(self, "plugin_version", plugin_version)
+        _set(self, "kernel", kernel)
+        _set(self, "fallback", MappingProxyType(dict(fallback)))
+        _set(self, "date", date)
 
     def as_dict(self) -> dict[str, Any]:
         return {
