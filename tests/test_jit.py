@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile import jit, kernelspec, toolchain
+import hwprofile
+from hwprofile import jit, kcache, toolchain
 from hwprofile.errors import KernelCompileError, KernelError, PluginError, ToolchainError
 from hwprofile.jit import KernelSpec, Launch
 
@@ -36,8 +37,7 @@ def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delitem(sys.modules, "toy_kernels", raising=False)
     cache = tmp_path / "cache"
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(cache))
-    jit._memo_compiled.clear()
-    kernelspec._source_digest.cache_clear()
+    hwprofile.reset()  # forgets compiled-kernel memos and source digests of earlier tests
     return root / "toy_kernels"
 
 
@@ -63,7 +63,7 @@ def test_compiles_cubin_for_each_target(pkg: Path, target: str) -> None:
 
 def test_second_compile_hits_disk_cache_in_a_new_process(pkg: Path) -> None:
     jit.compile_spec(spec(), "sm_90a")
-    jit._memo_compiled.clear()
+    hwprofile.reset()  # a new process remembers nothing: only the disk cache is left
     assert jit.compile_spec(spec(), "sm_90a").cached
 
 
@@ -74,7 +74,7 @@ def test_every_key_part_changes_the_key(pkg: Path, monkeypatch: pytest.MonkeyPat
     assert jit.cache_key(spec(version="toy 1.1"), "sm_90a", ("scale_kernel<2>",)) != base
     assert jit.cache_key(spec(), "sm_90a", ("scale_kernel<3>",)) != base
     (pkg / "k.cu").write_text(SRC + "\n// edit\n")
-    kernelspec._source_digest.cache_clear()
+    hwprofile.reset()  # forgets the source digest: the edit is seen
     edited = jit.cache_key(spec(), "sm_90a", ("scale_kernel<2>",))
     assert edited != base
     monkeypatch.setattr(toolchain, "nvrtc_version", lambda: (99, 0))
@@ -84,10 +84,10 @@ def test_every_key_part_changes_the_key(pkg: Path, monkeypatch: pytest.MonkeyPat
 def test_included_header_content_is_in_the_key(pkg: Path) -> None:
     (pkg / "extra.cuh").write_text("#define FACTOR 1\n")
     (pkg / "k.cu").write_text('#include "extra.cuh"\n' + SRC)
-    kernelspec._source_digest.cache_clear()
+    hwprofile.reset()
     a = jit.cache_key(spec(), "sm_90a", ("scale_kernel<2>",))
     (pkg / "extra.cuh").write_text("#define FACTOR 2\n")
-    kernelspec._source_digest.cache_clear()
+    hwprofile.reset()  # forgets the source digest: the header edit is seen
     assert jit.cache_key(spec(), "sm_90a", ("scale_kernel<2>",)) != a
 
 
@@ -97,11 +97,11 @@ def test_corrupt_entry_is_a_miss_and_replaced(pkg: Path, damage: str, caplog: py
     path = Path(os.environ["HWPROFILE_CACHE_DIR"]) / f"{c.key}.cubin"
     data = path.read_bytes()
     path.write_bytes({"truncate": data[: len(data) // 2], "zero": b"", "flip": data[:-1] + bytes([data[-1] ^ 1])}[damage])
-    jit._memo_compiled.clear()
+    jit.clear_cache()  # the in-process memo would answer without reading the damaged entry
     again = jit.compile_spec(spec(), "sm_90a")
     assert not again.cached and again.cubin == c.cubin
     assert "truncated or corrupt" in caplog.text
-    replaced = jit._decode(c.key, path.read_bytes())
+    replaced = kcache.decode(path.read_bytes(), c.key)[0]
     assert replaced is not None and replaced.cubin == c.cubin
 
 
@@ -120,7 +120,7 @@ def test_world_writable_entry_is_not_loaded_but_replaced(pkg: Path, caplog: pyte
     c = jit.compile_spec(spec(), "sm_90a")
     path = Path(os.environ["HWPROFILE_CACHE_DIR"]) / f"{c.key}.cubin"
     os.chmod(path, 0o666)
-    jit._memo_compiled.clear()
+    jit.clear_cache()  # the in-process memo would answer without reading the entry on disk
     again = jit.compile_spec(spec(), "sm_90a")
     assert not again.cached and "writable by other users" in caplog.text
     assert (path.stat().st_mode & 0o077) == 0
@@ -135,7 +135,7 @@ def test_cache_off_compiles_without_writing(pkg: Path, monkeypatch: pytest.Monke
 
 def test_syntax_error_names_kernel_plugin_target_and_log(pkg: Path) -> None:
     (pkg / "k.cu").write_text("__global__ void broken( { }\n")
-    kernelspec._source_digest.cache_clear()
+    hwprofile.reset()
     with pytest.raises(KernelCompileError) as e:
         jit.compile_spec(spec(), "sm_120a")
     msg = str(e.value)
@@ -165,7 +165,7 @@ def test_concurrent_processes_into_empty_cache(pkg: Path, tmp_path: Path) -> Non
     outs = [p.communicate()[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs) and len(set(outs)) == 1
     entries = list(Path(os.environ["HWPROFILE_CACHE_DIR"]).glob("*.cubin"))
-    assert len(entries) == 1 and jit._decode(entries[0].stem, entries[0].read_bytes()) is not None
+    assert len(entries) == 1 and kcache.decode(entries[0].read_bytes(), entries[0].stem)[0] is not None
 
 
 def test_load_without_gpu_says_so(pkg: Path) -> None:

@@ -84,7 +84,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(_table(rows, ["setting", "value", "source", "note"]))
     if prof.env_defaults:
         print()
-        rows = [[n, d.value, "user set: " + repr(os.environ[n]) if n in os.environ else "default", d.source] for n, d in prof.env_defaults.items()]
+        rows = [
+            [n, d.value, "user set: " + repr(os.environ[n]) if n in os.environ else "default", d.source]
+            for n, d in prof.env_defaults.items()
+        ]
         print(_table(rows, ["env default", "value", "state", "from"]))
     if prof.kernels:
         print()
@@ -122,7 +125,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         claims = ", ".join(f"{c}->{t}" for c, t in o["targets"].items()) or "(downstream: every profile)"
         ms = f"{o['import_ms']:.1f}" if o["import_ms"] is not None else "-"
         rows.append([o["name"], f"{o['distribution']} {o['version']}", claims, ",".join(map(str, o["selected_for_devices"])) or "-", ms])
-    print(_table(rows, ["plugin", "distribution", "claims", "selected for device", "import ms"]) if rows else "no hwprofile plugins installed")
+    if rows:
+        print(_table(rows, ["plugin", "distribution", "claims", "selected for device", "import ms"]))
+    else:
+        print("no hwprofile plugins installed")
     if reg.disabled:
         print(f"disabled by HWPROFILE_DISABLE_PLUGINS: {', '.join(reg.disabled)}")
     for d in det.devices:
@@ -193,7 +199,9 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, help="print hwprofile's and every plugin's version")
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
         print(version_text())
         parser.exit()
 
@@ -224,7 +232,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     s = r.setting
     print(f"{s.key} = {_fmt(r.value)}   (from {r.winner.source})")
     print(f"  {s.doc}")
-    print(f"  type {s.type}, allowed {s.allowed()}; override with {s.env_var}; {'bit-identical' if s.bit_identical else 'NOT bit-identical'}")
+    identical = "bit-identical" if s.bit_identical else "NOT bit-identical"
+    print(f"  type {s.type}, allowed {s.allowed()}; override with {s.env_var}; {identical}")
     print("  layers, lowest first:")
     for layer in r.chain:
         mark = "->" if layer is r.winner else ("xx" if not layer.applied else "  ")
@@ -235,7 +244,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
             st = layer.stamp
             fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
-            print(f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, kernel {st.kernel[:12]}, against {fb}")
+            print(
+                f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, "
+                f"kernel {st.kernel[:12]}, against {fb}"
+            )
             c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
             for what in c.stale:
                 print(f"        STALE{' (ignored)' if not layer.applied else ''}: {what}")
@@ -320,9 +332,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         rows = []
         for r in reports:
-            state = "FAILED" if r.errors else ("cached" if r.compiled == 0 else f"compiled {r.compiled}" + (f", cached {r.cached}" if r.cached else ""))
+            if r.errors:
+                state = "FAILED"
+            elif r.compiled == 0:
+                state = "cached"
+            else:
+                state = f"compiled {r.compiled}" + (f", cached {r.cached}" if r.cached else "")
             n = max(1, r.compiled + r.cached)
-            rows.append([r.spec.op, r.spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s", f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes)])
+            rows.append([
+                r.spec.op, r.spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s",
+                f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes),
+            ])
         print(_table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
         print(f"{len(reports) - len(failed)}/{len(reports)} kernels ready in {time.perf_counter() - t0:.1f}s wall (jobs={args.jobs})")
         for r in failed:
@@ -377,7 +397,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     prof = _profile(args)
     if prof.device.simulated:
-        raise HwprofileError(f"sweep times real kernels: {prof.device.name} is simulated (unset HWPROFILE_DEVICE / --simulate and run on the GPU)")
+        raise HwprofileError(
+            f"sweep times real kernels: {prof.device.name} is simulated (unset HWPROFILE_DEVICE / --simulate and run on the GPU)"
+        )
     try:
         import torch
     except ImportError:
@@ -391,10 +413,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         grid = [(1, int(n), int(k)) for n, k in (s.lower().split("x") for s in args.shapes.split(","))]
     ms, ns, ks = _ints(args.m), _ints(args.n), _ints(args.k)
     if ms or ns or ks:
-        grid = [(m, n, k) for m in (ms or sorted({g[0] for g in grid})) for n in (ns or sorted({g[1] for g in grid})) for k in (ks or sorted({g[2] for g in grid}))]
+        grid = [
+            (m, n, k)
+            for m in (ms or sorted({g[0] for g in grid}))
+            for n in (ns or sorted({g[1] for g in grid}))
+            for k in (ks or sorted({g[2] for g in grid}))
+        ]
 
     doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70))
-    rows = [[str(r["m"]), str(r["n"]), str(r["k"]), f"{r['kernel_us']:.2f}", f"{r['fallback_us']:.2f}", f"{100 * r['noise']:.1f}%", r["verdict"]] for r in doc["measurements"]]
+    rows = [
+        [
+            str(r["m"]), str(r["n"]), str(r["k"]),
+            f"{r['kernel_us']:.2f}", f"{r['fallback_us']:.2f}", f"{100 * r['noise']:.1f}%", r["verdict"],
+        ]
+        for r in doc["measurements"]
+    ]
     print(_table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
     print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
     for note in doc["sweep"]["notes"]:
@@ -403,7 +436,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     samples = sweep.write(doc, out)
     if samples is not None:
         print(f"wrote {samples} (raw measurements)")
-    print(f"wrote {out} (stamped against {doc['stamp']['fallback']['function']}, torch {doc['stamp']['fallback']['torch']}, cuBLAS {doc['stamp']['fallback']['cublas']})")
+    fallback = doc["stamp"]["fallback"]
+    print(f"wrote {out} (stamped against {fallback['function']}, torch {fallback['torch']}, cuBLAS {fallback['cublas']})")
     if args.plot:
         sweep.plot(doc, args.plot)
         print(f"wrote {args.plot}")
@@ -436,9 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hwprofile", description="Per-architecture GPU profiles for inference engines.")
     p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("show", parents=[device, simulate, js], help="device, selected plugin, settings, env defaults, kernels").set_defaults(fn=cmd_show)
+    sub.add_parser(
+        "show", parents=[device, simulate, js], help="device, selected plugin, settings, env defaults, kernels"
+    ).set_defaults(fn=cmd_show)
     sub.add_parser("plugins", parents=[simulate, js], help="installed plugins and what they claim").set_defaults(fn=cmd_plugins)
-    sub.add_parser("devices", parents=[simulate, js], help="visible devices and every device that can be simulated").set_defaults(fn=cmd_devices)
+    sub.add_parser(
+        "devices", parents=[simulate, js], help="visible devices and every device that can be simulated"
+    ).set_defaults(fn=cmd_devices)
     s = sub.add_parser("explain", parents=[device, simulate, js], help="the whole provenance chain of one setting (--list: every key)")
     s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens")
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")

@@ -150,7 +150,14 @@ class KernelSpec(Record):
         return _source_digest(str(self.source_path()), (*dirs, *option_values(self.options, "-I", "--include-path", glued=True)))
 
     def describe(self) -> dict[str, Any]:
-        return {"op": self.op, "plugin": self.plugin, "package": self.package, "source": self.source, "instances": len(self.instances), "doc": self.doc}
+        return {
+            "op": self.op,
+            "plugin": self.plugin,
+            "package": self.package,
+            "source": self.source,
+            "instances": len(self.instances),
+            "doc": self.doc,
+        }
 
 
 def collect_kernels(reg: _Registry, selection: _Selection, info: DeviceInfo) -> dict[str, KernelSpec]:
@@ -158,12 +165,15 @@ def collect_kernels(reg: _Registry, selection: _Selection, info: DeviceInfo) -> 
     assert selection.target is not None
     out: dict[str, KernelSpec] = {}
     p: _Plugin
-    for p, specs in reg.call_layers("hwprofile_kernels", reg.participants(selection.plugin, "hwprofile_kernels"), device=info, target=selection.target):
+    kernel_participants = reg.participants(selection.plugin, "hwprofile_kernels")
+    for p, specs in reg.call_layers("hwprofile_kernels", kernel_participants, device=info, target=selection.target):
         if specs is not None and (isinstance(specs, (str, bytes, dict)) or not hasattr(specs, "__iter__")):
             raise PluginError(f"plugin {p.label}: hwprofile_kernels must return a list of hwprofile.KernelSpec, got {type(specs).__name__}")
         for spec in specs or ():
             if not isinstance(spec, KernelSpec):
-                raise PluginError(f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}")
+                raise PluginError(
+                    f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}"
+                )
             spec = spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}")
             spec.source_path()  # a missing source is the plugin author's error: report it now, by name
             out[spec.op] = spec

@@ -274,7 +274,12 @@ def device_index(device: Any) -> int:
     """The CUDA index named by ``device``: an int, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` (read, not imported)."""
     if isinstance(device, int):
         return device
-    kind, index = (device.partition(":")[::2]) if isinstance(device, str) else (getattr(device, "type", None), getattr(device, "index", None))
+    kind: str | None
+    index: Any
+    if isinstance(device, str):
+        kind, index = device.partition(":")[::2]
+    else:
+        kind, index = getattr(device, "type", None), getattr(device, "index", None)
     if kind == "cuda" and (index is None or index == "" or str(index).isdigit()):
         return _current_device_index() if index in (None, "") else int(index)
     from .errors import DeviceError
@@ -300,7 +305,10 @@ def profile(device: int | str | Any = None) -> Profile:
 
             prof = first_profile(index, registry)
         _profiles[index] = prof
-        log.debug("profile for device %d (%s): plugin %s, fingerprint %s", index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint)
+        log.debug(
+            "profile for device %d (%s): plugin %s, fingerprint %s",
+            index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint,
+        )
         return prof
 
 
@@ -335,7 +343,8 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     values = MappingProxyType({k: s.value for k, s in settings.items()})
 
     env_defaults: dict[str, ResolvedEnvDefault] = {}
-    for p, out in reg.call_layers("hwprofile_env_defaults", reg.participants(selection.plugin, "hwprofile_env_defaults"), device=info, settings=values):
+    env_participants = reg.participants(selection.plugin, "hwprofile_env_defaults")
+    for p, out in reg.call_layers("hwprofile_env_defaults", env_participants, device=info, settings=values):
         if out is None:
             continue
         if not isinstance(out, Mapping):
@@ -361,7 +370,9 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     )
 
 
-def fingerprint(selection: Selection, settings: Mapping[str, ResolvedSetting], env: Mapping[str, ResolvedEnvDefault], kernels: Mapping[str, Any]) -> str:
+def fingerprint(
+    selection: Selection, settings: Mapping[str, ResolvedSetting], env: Mapping[str, ResolvedEnvDefault], kernels: Mapping[str, Any]
+) -> str:
     """Stable hash of what decides dispatch: plugin identity, settings, env defaults, kernel keys."""
     import hashlib  # here, not at import: only resolving a profile needs it
 
