@@ -112,11 +112,6 @@ def clear_disk_cache() -> int:
     return kcache.clear().removed
 
 
-def _decode(key: str, data: bytes) -> CompiledKernel | None:
-    """The entry in ``data`` if it is a valid entry of ``key`` (tests and tools)."""
-    return kcache.decode(data, key)[0]
-
-
 _memo_compiled: dict[str, CompiledKernel] = {}
 _loaded: dict[tuple[str, str, int, tuple[type, ...]], LoadedKernel] = {}
 _memo_lock = threading.Lock()
