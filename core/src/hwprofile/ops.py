@@ -110,7 +110,7 @@ class _Route:
     )
 
     def __init__(self, op: OpDef, prof: Profile) -> None:
-        settings: Any = prof  # Profile[key] is the setting's value (typed loosely while Profile is a NamedTuple)
+        settings: Any = prof  # Profile[key] is the setting's value, typed Any (bounds are read as int below)
 
         def val(b: int | str) -> int:
             return b if isinstance(b, int) else int(settings[b])
