@@ -180,6 +180,19 @@ def test_bringup_command_fails_on_disagreement() -> None:
     assert "NVIDIA GB300" in p.stdout  # the per-rank table
 
 
+def test_bringup_command_needs_no_numpy(tmp_path: Path) -> None:
+    """torch does not require numpy, and its object collectives fail without it: the details gather must not use them."""
+    shadow = tmp_path / "numpy"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError('numpy hidden by the test', name='numpy')\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hwprofile.distributed"]
+    env = _env(HWPROFILE_DEVICE="h200,gb300")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    p = subprocess.run([*cmd, "--timeout", "60"], env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 1, p.stdout + p.stderr  # a disagreement, not a crash
+    assert "Numpy is not available" not in p.stderr and "device.name" in p.stderr and "NVIDIA GB300" in p.stdout
+
+
 def test_bringup_command_outside_torchrun_says_how() -> None:
     env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     p = subprocess.run([sys.executable, "-m", "hwprofile.distributed"], env=env, capture_output=True, text=True, timeout=60)

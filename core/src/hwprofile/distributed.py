@@ -13,7 +13,7 @@ CPU, NCCL on the rank's current CUDA device).
 
 The common case costs one ``all_gather`` of a fixed 128-byte record per rank (a SHA-256 over every
 compared key, plus the rank's host, device index and fingerprint for the table). Only when the
-digests differ does every rank gather every rank's full summary (``all_gather_object``) to name the
+digests differ does every rank gather every rank's full summary (a padded byte all_gather) to name the
 differing keys, values, provenance, ranks and hosts. Every rank takes the same path, because every
 rank sees the same gathered digests.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import pickle
 import socket
 import struct
 import sys
@@ -132,7 +133,7 @@ class RankSummary(Record):
         _set(self, "disabled", tuple(disabled))
 
     def to_wire(self) -> dict[str, Any]:
-        """Plain data (str, int, None, tuples, dicts) for ``all_gather_object``."""
+        """Plain data (str, int, None, tuples, dicts) to gather from every rank."""
         out: dict[str, Any] = {s: getattr(self, s) for s in self.__slots__ if s != "entries"}
         out["entries"] = {k: (e.value, e.source, e.scope) for k, e in self.entries.items()}
         return out
@@ -642,9 +643,11 @@ def check_agreement(
         prep.raw = raw
         return Agreement(prep.summaries, {mine.model: ranks}, mixed, gathered=False, seconds=time.perf_counter() - t0)
 
-    wires: list[Any] = [None] * len(ranks)
-    dist.all_gather_object(wires, mine.to_wire(), group=group)
-    summaries = tuple(RankSummary.from_wire(w) for w in wires)
+    try:
+        wires = _gather_bytes(torch, dist, group, pickle.dumps(mine.to_wire()), prep.inp.device, len(ranks))
+    except Exception as exc:  # a peer that died between the two collectives
+        raise _missing_error(dist, tag, seq, me, ranks, wait_s, exc) from exc
+    summaries = tuple(RankSummary.from_wire(pickle.loads(w)) for w in wires)
     diffs, models = compare(summaries, mixed)
     if diffs:
         msg = _message(diffs, summaries, models, mixed)
@@ -656,6 +659,28 @@ def check_agreement(
             agreement.describe(),
         )
     return agreement
+
+
+def _gather_bytes(torch: Any, dist: Any, group: Any, payload: bytes, dev: Any, size: int) -> list[bytes]:
+    """Every rank's ``payload``, in group order: lengths, then one padded uint8 all_gather.
+
+    Not ``all_gather_object``: torch's object collectives need numpy, which engines need not have
+    (torch does not require it), and the bring-up command always takes this path.
+    """
+    n = torch.tensor([len(payload)], dtype=torch.int64, device=dev)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(size)]
+    dist.all_gather(lengths, n, group=group)
+    sizes = [int(t.item()) for t in lengths]
+    width = max(sizes)
+    buf = torch.zeros(width, dtype=torch.uint8)
+    buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    outs = [torch.empty(width, dtype=torch.uint8, device=dev) for _ in range(size)]
+    dist.all_gather(outs, buf.to(dev), group=group)
+    got = []
+    for t, k in zip(outs, sizes, strict=True):
+        host = t.cpu().contiguous()
+        got.append(ctypes.string_at(host.data_ptr(), k))
+    return got
 
 
 # Weak references only: holding a process group here would keep it alive past destroy_process_group(), into
