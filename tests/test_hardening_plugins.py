@@ -181,6 +181,25 @@ def test_hook_return_types_are_checked(extra_plugin, monkeypatch: pytest.MonkeyP
         hwprofile.profile(0)
 
 
+@pytest.mark.parametrize(
+    ("value", "what"), [("Value(4, 'measured', 'garbage')", "a stamp of type str"), ("Value(4, 123)", "a reason of type int")]
+)
+def test_value_reason_and_stamp_types_are_checked(extra_plugin, monkeypatch: pytest.MonkeyPatch, value: str, what: str) -> None:  # type: ignore[no-untyped-def]
+    extra_plugin(
+        "badvalue",
+        f"""
+        from hwprofile import Value, hookimpl
+
+        @hookimpl
+        def hwprofile_settings(device, resolved):
+            return {{"router_gemm.max_tokens": {value}}}
+    """,
+    )
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    with pytest.raises((PluginError, SettingError), match=rf"badvalue \(hwprofile-badvalue 0.3.1\).*{what}"):
+        hwprofile.profile(0)
+
+
 # --- re-entrancy and fork ------------------------------------------------------------------------
 
 

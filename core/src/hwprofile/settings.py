@@ -395,6 +395,12 @@ class SettingsResolver:
                 raise SettingError(f"{who} sets undeclared setting {key!r}; declared settings: {', '.join(sorted(self.declared))}")
             reason, value_stamp = "", stamp
             if isinstance(raw, Value):
+                if not isinstance(raw.reason, str):
+                    raise SettingError(f"{who} gives {key!r} a reason of type {type(raw.reason).__name__}; Value(value, reason) takes a str")
+                if raw.stamp is not None and not _is_stamp(raw.stamp):
+                    raise SettingError(
+                        f"{who} gives {key!r} a stamp of type {type(raw.stamp).__name__}; pass a hwprofile.plugin.Stamp or None"
+                    )
                 raw, reason, value_stamp = raw.value, raw.reason, raw.stamp or stamp
             value = setting.check(raw, origin=who)
             stale = check(key, value_stamp) if (check is not None and value_stamp is not None) else ""
@@ -410,6 +416,12 @@ class SettingsResolver:
 
     def resolved(self) -> dict[str, ResolvedSetting]:
         return {k: ResolvedSetting(self.declared[k], tuple(c)) for k, c in sorted(self.chains.items())}
+
+
+def _is_stamp(obj: object) -> bool:
+    from .tuning import Stamp  # not at import: settings is imported before tuning on the profile path
+
+    return isinstance(obj, Stamp)
 
 
 def apply_env_defaults(defaults: Mapping[str, ResolvedEnvDefault], environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
