@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import HwprofileError, ToolchainError
+from .errors import DeviceError, HwprofileError, ToolchainError
 from .optable import OPS
 
 
@@ -207,6 +207,8 @@ class _VersionAction(argparse.Action):
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    if args.list and args.key is not None:
+        raise HwprofileError(f"explain takes a KEY or --list, not both (got {args.key!r} and --list)")
     prof = _profile(args)
     if args.list or args.key is None:
         if args.json:
@@ -395,7 +397,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from . import sweep
     from .tuning import tuned_dir
 
-    prof = _profile(args)
+    try:
+        prof = _profile(args)
+    except DeviceError as exc:
+        why = str(exc).split(". Simulate one", 1)[0]  # simulation cannot time kernels: leave that advice out
+        raise HwprofileError(f"sweep times real kernels and needs a real NVIDIA GPU ({why}); run it on the GPU host") from None
     if prof.device.simulated:
         raise HwprofileError(
             f"sweep times real kernels: {prof.device.name} is simulated (unset HWPROFILE_DEVICE / --simulate and run on the GPU)"
@@ -456,13 +462,29 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _device_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a device name ('hwprofile devices' lists them), got an empty string")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Each subcommand takes only the flags it honours.
     device = argparse.ArgumentParser(add_help=False)
     device.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
     simulate = argparse.ArgumentParser(add_help=False)
     simulate.add_argument(
-        "--simulate", metavar="NAME",
+        "--simulate", metavar="NAME", type=_device_name,
         help="simulate a GPU (sets HWPROFILE_DEVICE): a name from 'hwprofile devices', sm_XY / X.Y, or a comma list",
     )
     js = argparse.ArgumentParser(add_help=False)
@@ -481,15 +503,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens")
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
-    s = sub.add_parser("env", parents=[device, simulate, js], help="env defaults that would be applied (never ones you set)")
-    s.add_argument("--export", action="store_true", help="print 'export NAME=value' lines for eval")
+    s = sub.add_parser("env", parents=[device, simulate], help="env defaults that would be applied (never ones you set)")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="machine-readable output")
+    fmt.add_argument("--export", action="store_true", help="print 'export NAME=value' lines for eval")
     s.set_defaults(fn=cmd_env)
     sub.add_parser(
         "doctor", parents=[js], help="versions, environment and checks of NVML, driver, cuda-python, NVRTC and headers",
     ).set_defaults(fn=cmd_doctor)
     s = sub.add_parser("compile", parents=[js], help="compile every plugin kernel for its targets (no GPU needed)")
-    s.add_argument("--arch", default="all", help="comma list of targets (sm_90a,sm_100a,sm_120a) or 'all'")
-    s.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    s.add_argument(
+        "--arch", default="all",
+        help="comma list of targets (e.g. sm_90a,sm_100a,sm_103a,sm_120a,sm_121a; 'hwprofile plugins' lists them) or 'all'",
+    )
+    s.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel NVRTC compiles (default: CPU count)")
     s.set_defaults(fn=cmd_compile)
     s = sub.add_parser("sweep", parents=[device], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
     s.add_argument("op", choices=list(OPS))

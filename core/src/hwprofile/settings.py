@@ -396,7 +396,9 @@ class SettingsResolver:
             reason, value_stamp = "", stamp
             if isinstance(raw, Value):
                 if not isinstance(raw.reason, str):
-                    raise SettingError(f"{who} gives {key!r} a reason of type {type(raw.reason).__name__}; Value(value, reason) takes a str")
+                    raise SettingError(
+                        f"{who} gives {key!r} a reason of type {type(raw.reason).__name__}; Value(value, reason) takes a str"
+                    )
                 if raw.stamp is not None and not _is_stamp(raw.stamp):
                     raise SettingError(
                         f"{who} gives {key!r} a stamp of type {type(raw.stamp).__name__}; pass a hwprofile.plugin.Stamp or None"

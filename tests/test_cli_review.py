@@ -1,0 +1,46 @@
+"""CLI flags that were accepted and then ignored or misreported, and advice that the next command refused."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hwprofile import cli
+from hwprofile.errors import DeviceError
+
+
+def _usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3", "two"])
+def test_compile_jobs_must_be_a_positive_integer(capsys: pytest.CaptureFixture[str], jobs: str) -> None:
+    assert "--jobs: expected a positive integer" in _usage_error(capsys, "compile", "--jobs", jobs)
+
+
+def test_env_json_and_export_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "not allowed with argument" in _usage_error(capsys, "env", "--json", "--export")
+
+
+@pytest.mark.parametrize("cmd", ["show", "explain", "env", "plugins", "devices"])
+def test_empty_simulate_name_is_refused(capsys: pytest.CaptureFixture[str], cmd: str) -> None:
+    assert "--simulate: expected a device name" in _usage_error(capsys, cmd, "--simulate", " ")
+
+
+def test_explain_refuses_a_key_together_with_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "--simulate", "h200", "--list", "nosuch"]) == 2
+    assert "explain takes a KEY or --list, not both" in capsys.readouterr().err
+
+
+def test_sweep_without_a_gpu_does_not_suggest_simulation(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def no_gpu(args: argparse.Namespace) -> None:
+        raise DeviceError("no NVIDIA GPU: NVML could not start. Simulate one with HWPROFILE_DEVICE=<name>, e.g. h200.")
+
+    monkeypatch.setattr(cli, "_profile", no_gpu)
+    assert cli.main(["sweep", "router_gemm"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a real NVIDIA GPU" in err and "Simulate" not in err and "HWPROFILE_DEVICE" not in err
