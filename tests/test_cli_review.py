@@ -44,3 +44,37 @@ def test_sweep_without_a_gpu_does_not_suggest_simulation(monkeypatch: pytest.Mon
     assert cli.main(["sweep", "router_gemm"]) == 2
     err = capsys.readouterr().err
     assert "needs a real NVIDIA GPU" in err and "Simulate" not in err and "HWPROFILE_DEVICE" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"HWPROFILE_CACHE": "disabled"}, "HWPROFILE_CACHE='disabled' is not valid"),
+        ({"HWPROFILE_STRICT": "maybe"}, "HWPROFILE_STRICT='maybe' is not valid"),
+    ],
+)
+def test_compile_checks_control_values_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], env: dict[str, str], message: str
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(["compile", "--arch", "sm_90a"]) == 2
+    err = capsys.readouterr().err
+    assert err.count(message) == 1 and "FAILED" not in err
+
+
+def test_compile_warns_about_a_misspelt_setting(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from hwprofile import settings
+
+    monkeypatch.setenv("HWPROFILE_ROUTER_GEMM_MAX_TOKEN", "4")
+    monkeypatch.setattr(settings, "_warned_vars", set())
+    monkeypatch.setenv("HWPROFILE_CACHE", "off")  # nothing to write; the check comes before any compile
+    from hwprofile import jit
+
+    def stop() -> None:
+        raise SystemExit(0)
+
+    monkeypatch.setattr(jit, "check_toolchain", stop)  # the environment check runs first; stop before compiling
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--arch", "sm_90a"])
+    assert "did you mean HWPROFILE_ROUTER_GEMM_MAX_TOKENS?" in caplog.text

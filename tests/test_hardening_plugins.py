@@ -79,6 +79,7 @@ def test_unknown_name_in_disable_plugins_names_the_installed_ones(
     assert hwprofile.profile(0).plugin.name == "sm90"  # the typo disabled nothing, and says so
     assert "HWPROFILE_DISABLE_PLUGINS names sm9O, which no installed plugin is called" in caplog.text
     assert "sm90" in caplog.text.split("installed plugins:")[1]
+    assert "did you mean sm90?" in caplog.text
 
 
 @pytest.mark.parametrize("value", ["disabled", "", "2"])

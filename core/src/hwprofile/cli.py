@@ -289,6 +289,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _check_compile_environment(reg: Any) -> None:
+    """What ``profile()`` checks of the environment, for ``compile`` (which builds no profile).
+
+    Invalid control values (``HWPROFILE_CACHE``, ``HWPROFILE_STRICT``, ...) are one error here, not one per
+    kernel instance; unknown ``HWPROFILE_*`` names warn once, against every installed plugin's settings.
+    """
+    from . import kcache
+    from .settings import CORE_SETTINGS, SettingsResolver, check_environment
+
+    resolver = SettingsResolver()
+    resolver.declare(CORE_SETTINGS, by="hwprofile core")
+    for p in reg.plugins.values():
+        decl = reg._call_plugin("hwprofile_declare_settings", p)
+        if decl is not None:
+            resolver.declare(decl, by=p.label, namespace=p.name)
+    check_environment(os.environ, (s.env_var for s in resolver.declared.values()))
+    resolver.add_user_env(os.environ)  # a bad value of any setting's variable (HWPROFILE_STRICT=maybe) is an error
+    kcache.cache_enabled()  # raises CacheError naming HWPROFILE_CACHE's bad value
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import jit
     from .device import DeviceInfo
@@ -316,6 +336,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not work:
         print("nothing to compile: no architecture plugin is installed")
         return 0
+    _check_compile_environment(reg)  # the control variables and typos profile() would check, once
     try:  # once, before any kernel: a missing NVRTC is one line, not one error per kernel instance
         jit.check_toolchain()
     except ToolchainError as exc:

@@ -253,6 +253,9 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
     It is :func:`route` on the same per-device facts the ops use (contiguous, aligned operands
     assumed), so it also reports a kernel that failed to load in this process.
     """
+    for dim, v in (("m", m), ("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"decide({op!r}): {dim} must be an int >= 0, got {v!r}")
     t = _tables.get(prof.device.index)
     if t is None or t.prof is not prof:
         t = _Table(prof)
@@ -480,8 +483,9 @@ def _run(op: OpDef, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None
 
     The common call (2-D x, no ``out``, a 1-element or per-row scale) is checked inline with a few
     identity and integer comparisons; anything else, or anything wrong, goes through
-    :func:`_validate`, which says what. Devices of x and w are compared before a launch; on the
-    fallback path torch reports a mismatch itself.
+    :func:`_validate`, which says what. The fast check compares the devices of x, w and scale too:
+    torch does not always refuse a mismatch (``torch.mm`` of a CPU and a meta tensor returns
+    uninitialised memory).
     """
     xdt, wdt, odt = _DTYPES[op.name]
     mode = NO_SCALE
@@ -489,11 +493,11 @@ def _run(op: OpDef, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None
     try:
         n, k = w.shape
         m, xk = x.shape
-        fast = out is None and x.dtype is xdt and w.dtype is wdt and xk == k
+        fast = out is None and x.dtype is xdt and w.dtype is wdt and xk == k and w.device == x.device
         if scale is not None and fast:  # the scaled ops' common call: a per-tensor or per-row fp32 scale
             sn = scale.numel()
             mode = TENSOR_SCALE if sn == 1 and scale.dim() <= 1 else ROW_SCALE if sn == n and scale.dim() == 1 else NO_SCALE
-            fast = mode != NO_SCALE and scale.dtype is _F32 and scale.get_device() == x.get_device()
+            fast = mode != NO_SCALE and scale.dtype is _F32 and scale.device == x.device
         elif wdt is not xdt:  # a scaled op called without its scale: _validate says so
             fast = False
     except (AttributeError, ValueError, TypeError):

@@ -214,9 +214,13 @@ class Registry:
                 )
         unknown = [n for n in self.disabled if n not in seen]
         if unknown:
+            import difflib  # only for a typo
+
+            guesses = [g for n in unknown for g in difflib.get_close_matches(n, sorted(seen), n=1, cutoff=0.5)]
             log.warning(
-                "%s names %s, which no installed plugin is called; installed plugins: %s",
-                DISABLE_ENV, ", ".join(unknown), ", ".join(sorted(seen)) or "none",
+                "%s names %s, which no installed plugin is called; %sinstalled plugins: %s",
+                DISABLE_ENV, ", ".join(unknown), f"did you mean {', '.join(guesses)}? " if guesses else "",
+                ", ".join(sorted(seen)) or "none",
             )
         return self
 
