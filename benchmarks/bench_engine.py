@@ -69,26 +69,12 @@ def wall(fn: Callable[[], Any], steps: int = 200) -> float:
 
 
 def graph(fn: Callable[[], Any], reps: int = 50) -> float:
-    for _ in range(3):
+    """Median µs of one CUDA-graph replay of ``fn`` (the sweep's replay timer, after extra warm-up for compiled code)."""
+    from hwprofile.sweep import replay_times
+
+    for _ in range(2):
         fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000)
-    return statistics.median(ts)
+    return statistics.median(replay_times(lambda _i: fn(), 1, reps, torch.cuda.current_device()))
 
 
 def measure(

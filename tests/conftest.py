@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -64,3 +65,24 @@ def tuned_toml(
         else:
             st[k] = v
     return tomli_w.dumps({"stamp": st, "thresholds": thresholds})
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Device 0's dispatch table on the real GPU, strict (a kernel that fails raises), for the GPU kernel tests."""
+    from hwprofile import ops
+
+    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
+    monkeypatch.setenv("HWPROFILE_STRICT", "1")
+    hwprofile.reset()
+    ops.reset_dispatch()
+    return ops._table(0)
+
+
+def rel(out: Any, ref: Any) -> float:
+    """Relative error of ``out`` against a float64 reference; a NaN means an element was never written."""
+    import torch
+
+    assert not torch.isnan(out).any(), "an output element was not written"
+    return float((out.double() - ref).norm() / ref.norm())
+

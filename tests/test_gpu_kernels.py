@@ -14,19 +14,7 @@ from hwprofile import ops
 pytestmark = pytest.mark.hwprofile_gpu("sm_90")
 torch = pytest.importorskip("torch")
 
-
-@pytest.fixture
-def table(monkeypatch: pytest.MonkeyPatch) -> ops._Table:
-    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
-    monkeypatch.setenv("HWPROFILE_STRICT", "1")
-    hwprofile.reset()
-    ops.reset_dispatch()
-    return ops._table(0)
-
-
-def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    assert not torch.isnan(out).any(), "an output element was not written"
-    return float((out.double() - ref).norm() / ref.norm())
+from tests.conftest import rel  # noqa: E402  (the GPU tests' shared float64 check; `table` is a conftest fixture)
 
 
 def run(
