@@ -241,7 +241,10 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
     """Issue 11 item 7, same run: each op against its fallback called directly, at shapes of both paths.
 
     Fallback path: the op may cost at most 1 us more than its fallback. Kernel path: the op's eager
-    wall time must not exceed the fallback's. Rounds alternate op and fallback; the median of 5 rounds.
+    wall time must not exceed the fallback's. "fallback" is the function the op runs on its fallback
+    path (``ops._mm_fp32``, ``ops._linear``, ``ops._fp8_fallback``); "torch" is the bare torch call a
+    user would write instead (``torch.mm(x, w.t(), out_dtype=torch.float32)``, ``F.linear``), which
+    has no Python frame of its own. Rounds rotate op, fallback and torch; the median of 7 rounds.
     """
     fb = {"router_gemm": ops._mm_fp32, "linear_bf16_fp32": ops._mm_fp32, "gemv": ops._linear, "fp8_gemv": ops._fp8_fallback}
     cases = [("router_gemm", m, n, 7168) for m in (1, 4, 16) for n in (256, 384)] + [
@@ -249,8 +252,11 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
         ("router_gemm", 4, 1024, 7168),
     ]
     cases += [("linear_bf16_fp32", m, n, 7168) for m in (1, 8) for n in (256, 4096)] + [("linear_bf16_fp32", 16, 4096, 7168)]
+    cases += [("linear_bf16_fp32", 64, 4096, 7168)]
     cases += [("gemv", 1, n, k) for n, k in ((2048, 2048), (4096, 4096), (12288, 4096), (4096, 7168), (28672, 4096), (64, 512))]
+    cases += [("gemv", 8, 4096, 4096)]
     cases += [("fp8_gemv", 1, n, k) for n, k in ((4096, 4096), (2048, 7168), (56, 4096), (64, 512))]
+    f32 = torch.float32
     rows = []
     for op, m, n, k in cases:
         x = torch.randn(m, k, device=dev).bfloat16()
@@ -258,20 +264,29 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
             w = (torch.randn(n, k, device=dev) * 2).to(torch.float8_e4m3fn)
             s = torch.rand(n, device=dev) + 0.5
             a = (x, w, s)
+            bare = None
         else:
-            a = (x, torch.randn(n, k, device=dev).bfloat16())
+            w = torch.randn(n, k, device=dev).bfloat16()
+            a = (x, w)
+            bare = (lambda: torch.mm(x, w.t(), out_dtype=f32)) if op in ("router_gemm", "linear_bf16_fp32") else (lambda: F.linear(x, w))
         f_op, f_fb = getattr(ops, op), fb[op]
         path = ops.decide(op, prof, m=m, n=n, k=k).path
-        rounds = [(_wall(lambda: f_op(*a)), _wall(lambda: f_fb(*a))) for _ in range(5)]
-        o = statistics.median(r[0] for r in rounds)
-        f = statistics.median(r[1] for r in rounds)
+        fns = [lambda: f_op(*a), lambda: f_fb(*a)] + ([bare] if bare else [])
+        rounds = [[_wall(f) for f in (fns[i % len(fns) :] + fns[: i % len(fns)])] for i in range(7)]
+        # undo the rotation: column j of round i is fns[(i + j) % len]
+        per = [[r[(j - i) % len(fns)] for i, r in enumerate(rounds)] for j in range(len(fns))]
+        o, f = statistics.median(per[0]), statistics.median(per[1])
+        b = statistics.median(per[2]) if bare else float("nan")
         ok = (o <= f + 1.0) if path == "fallback" else (o <= f)
-        rows.append({"op": op, "m": m, "n": n, "k": k, "path": path, "op_us": o, "fallback_us": f, "meets_target": ok})
+        rows.append(
+            {"op": op, "m": m, "n": n, "k": k, "path": path, "op_us": o, "fallback_us": f, "torch_us": b, "meets_target": ok}
+        )
         print(
-            f"eager {op:17s} M={m:2d} N={n:6d} K={k:5d} {path:8s}: op {o:6.2f} us  fallback {f:6.2f} us  "
-            f"diff {o - f:+5.2f} us  {'ok' if ok else 'MISSES TARGET'}"
+            f"eager {op:17s} M={m:2d} N={n:6d} K={k:5d} {path:8s}: op {o:6.2f} us  fallback {f:6.2f} us  torch {b:6.2f} us  "
+            f"diff {o - f:+5.2f} (vs torch {o - b:+5.2f}) us  {'ok' if ok else 'MISSES TARGET'}"
         )
     res["eager"] = rows
+    front_only(res)
     # pieces of the kernel path, for the record
     t = ops._table(0)
     x = torch.randn(1, 4096, device=dev).bfloat16()
@@ -288,8 +303,45 @@ def eager_costs(prof: hwprofile.Profile, res: dict) -> None:
         "route()": _wall(lambda: ops.route(t.routes["gemv"], 1, 4096, 4096, (x, w))),
         "torch.compiler.is_compiling()": _wall(torch.compiler.is_compiling),
         "torch add_": _wall(lambda: out.add_(1)),
+        # what the fallback path's checks are made of (the same reads on the CPU host: .dev numbers in RESULTS)
+        "empty lambda": _wall(lambda: None, 20000),
+        "x.shape": _wall(lambda: x.shape, 20000),
+        "x.dtype": _wall(lambda: x.dtype, 20000),
+        "x.get_device()": _wall(lambda: x.get_device(), 20000),
+        "w.device == x.device": _wall(lambda: w.device == x.device, 20000),
     }
     print("host us per call:", {k: round(v, 2) for k, v in res["host_us"].items()})
+
+
+def front_only(res: dict) -> None:
+    """The op's own host cost on its fallback path, without torch: each fallback replaced by a function
+    that returns a preallocated result, so op minus that function is the checks, the route and the count."""
+    saved = {name: getattr(ops, name) for name in ("_mm_fp32", "_F_linear", "_fp8_fallback")}
+    rows = []
+    try:
+        for op, m, n, k in (("router_gemm", 32, 256, 7168), ("linear_bf16_fp32", 64, 4096, 7168), ("gemv", 8, 4096, 4096),
+                            ("fp8_gemv", 1, 56, 4096)):
+            x = torch.randn(m, k, device=dev).bfloat16()
+            o = torch.empty(m, n, device=dev)
+            if op == "fp8_gemv":
+                a = (x, torch.zeros(n, k, device=dev).to(torch.float8_e4m3fn), torch.ones(n, device=dev))
+            else:
+                a = (x, torch.zeros(n, k, device=dev).bfloat16())
+
+            def stub(*args, o=o):
+                return o
+            for name in saved:
+                setattr(ops, name, stub)
+            f_op = getattr(ops, op)
+            per = [(_wall(lambda: f_op(*a), 20000), _wall(lambda: stub(*a), 20000)) for _ in range(5)]
+            o_us, s_us = statistics.median(p[0] for p in per), statistics.median(p[1] for p in per)
+            rows.append({"op": op, "m": m, "n": n, "k": k, "op_us": o_us, "stub_us": s_us, "front_us": o_us - s_us})
+            print(f"front {op:17s} M={m:2d} N={n:5d}: op with a stub fallback {o_us:5.2f} us, the stub alone {s_us:5.2f} us: "
+                  f"the op's own cost {o_us - s_us:4.2f} us")
+    finally:
+        for name, fn in saved.items():
+            setattr(ops, name, fn)
+    res["front"] = rows
 
 
 def compile_and_load(prof: hwprofile.Profile, res: dict) -> None:

@@ -265,6 +265,8 @@ def test_agreement_error_is_exported_lazily() -> None:
 
 
 def test_local_device_follows_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    if "torch" in sys.modules:  # on a GPU host earlier tests initialised CUDA, and then torch's current device wins
+        monkeypatch.setattr(sys.modules["torch"].cuda, "is_initialized", lambda: False)
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200,gb300,rtx-pro-6000")
     hwprofile.reset()
     monkeypatch.setenv("LOCAL_RANK", "2")
@@ -333,3 +335,37 @@ def test_bringup_main_single_rank_json(monkeypatch: pytest.MonkeyPatch, capsys: 
     assert hd.main(["--backend", "gloo", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["models"][0]["name"] == "NVIDIA H200"
     assert all(ref() is None for ref, *_ in hd._groups.values())  # no process group kept alive after destroy_process_group
+
+
+@pytest.mark.parametrize(("gpus", "local", "asked", "want"), [(1, 2, "auto", "gloo"), (2, 2, "auto", "nccl"), (0, 1, "auto", "gloo"),
+                                                          (1, 2, "nccl", None), (0, 1, "nccl", None), (8, 2, "gloo", "gloo")])
+def test_bringup_backend_needs_a_gpu_per_local_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                    gpus: int, local: int, asked: str, want: str | None) -> None:
+    """NCCL fails ("invalid usage") when two ranks share a GPU: auto picks gloo then, and an explicit nccl is a usage error."""
+    import torch
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": str(local), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(local),
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    chosen: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def init(backend: str, **kw: object) -> None:
+        chosen.append(backend)
+        raise Stop
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+    if want is None:
+        assert hd.main(["--backend", asked]) == 2
+        err = capsys.readouterr().err
+        assert "needs one GPU per rank" in err and f"runs {local} ranks" in err and "--backend gloo" in err
+        assert not chosen
+    else:
+        with pytest.raises(Stop):
+            hd.main(["--backend", asked])
+        assert chosen == [want]

@@ -112,6 +112,11 @@ def test_compile_errors_name_the_argument() -> None:
 )
 def test_compile_inductor() -> None:
     torch._dynamo.reset()
+    try:  # inductor's CPU code needs a working C++ compiler; that belongs to the machine, not to these ops
+        torch.compile(lambda t: t.relu() + 1, fullgraph=True)(torch.ones(4))
+    except Exception as exc:  # noqa: BLE001 - any failure of the plain function means the toolchain
+        pytest.skip(f"inductor cannot build CPU code on this machine, even without hwprofile: {type(exc).__name__}: {exc}"[:300])
+    torch._dynamo.reset()
 
     def f(x: Any, w: Any, s: Any) -> Any:
         return ops.fp8_gemv(x, w, s).float().relu() + 1

@@ -136,8 +136,10 @@ def test_gpu_sweep_writes_stamped_file(tmp_path: Path, monkeypatch: pytest.Monke
     import tomllib
 
     doc = tomllib.loads(out.read_text())
-    assert doc["stamp"]["plugin"] == "sm90" and len(doc["measurements"]) == 2
+    assert doc["stamp"]["plugin"] == "sm90" and "measurements" not in doc  # the tuned file holds no raw samples
     assert doc["thresholds"]["router_gemm.max_tokens"] in (0, 1, 2)
+    samples = tomllib.loads((tmp_path / doc["sweep"]["samples"]).read_text())  # they sit beside it, in samples/
+    assert samples["stamp"] == doc["stamp"] and len(samples["measurements"]) == 2
 
 
 def test_run_to_run_noise_from_independent_passes() -> None:

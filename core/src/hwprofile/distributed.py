@@ -861,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="torchrun --nproc-per-node N -m hwprofile.distributed",
         description="Check that every rank of a torchrun job resolves the same hwprofile profile.",
     )
-    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl when torch sees a GPU, else gloo")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl with a GPU per local rank, else gloo")
     p.add_argument("--mixed", choices=list(MIXED_CHOICES), default="error", help="allow: accept different GPU models that otherwise agree")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every rank (default 120)")
     p.add_argument("--json", action="store_true", help="rank 0 prints the result as JSON")
@@ -883,17 +883,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rank = int(os.environ["RANK"])
     backend = args.backend
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+        # NCCL needs a GPU of its own per rank: with more ranks on this host than GPUs (a simulated
+        # job on a one-GPU machine), it fails with "invalid usage"; gloo checks the same profiles
+        backend = "nccl" if 0 < local_ranks <= gpus else "gloo"
     if backend == "nccl":
-        if not torch.cuda.is_available():
+        if local_ranks > gpus:
             print(
-                f"hwprofile.distributed: rank {rank}: error: --backend nccl needs a GPU that torch can use; use --backend gloo",
+                f"hwprofile.distributed: rank {rank}: error: --backend nccl needs one GPU per rank, but this host runs "
+                f"{local_ranks} ranks and torch sees {gpus} GPU(s); use --backend gloo or fewer ranks per host",
                 file=sys.stderr,
             )
             return 2
-        local = _local_rank() or 0
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        torch.cuda.set_device(_local_rank() or 0)
     timeout = timedelta(seconds=max(args.timeout, 1.0) + 30)
     dist.init_process_group(backend, timeout=timeout)
     together = True  # every rank reached the end of the check: they can leave together

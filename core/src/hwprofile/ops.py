@@ -31,6 +31,7 @@ than its fallback (measured in benchmarks/RESULTS.md, "Ops in an engine").
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 import threading
@@ -95,6 +96,7 @@ class _Route:
 
     __slots__ = (
         "counts",
+        "fp32_out",
         "k_multiple",
         "max_k",
         "max_m",
@@ -128,6 +130,7 @@ class _Route:
         self.k_multiple = math.lcm(val(op.k_multiple), op.k_vec)  # the kernels' 16-byte loads need k_vec too
         self.roof_lo, self.roof_hi = (val(op.roof[0]), val(op.roof[1])) if op.roof else (0, 0)
         self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
+        self.fp32_out = op.out_dtype != op.x_dtype  # which unscaled fallback: torch.mm with fp32 output, or F.linear
 
 
 def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
@@ -155,11 +158,14 @@ def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = 
         return "k_multiple"
     if r.roof_lo <= n < r.roof_hi:
         return "roof"
-    if operands is not None:
-        for t in operands:
-            if t is not None and (not t.is_contiguous() or t.data_ptr() % 16):
-                return "layout"
+    if operands is not None and _misplaced(operands):
+        return "layout"
     return None
+
+
+def _misplaced(operands: tuple[Any, ...]) -> bool:
+    """True if an operand (None: absent) is not contiguous or not 16-byte aligned: the kernels cannot take it."""
+    return any(t is not None and (not t.is_contiguous() or t.data_ptr() % 16) for t in operands)
 
 
 def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
@@ -225,6 +231,7 @@ class _Table:
 
 
 _tables: dict[int, _Table] = {}
+_memos: dict[str, dict[tuple[int, int, int, int], Any]] = {name: {} for name in OPS}  # see _dispatch
 _tables_lock = threading.Lock()
 _profiles = _profile_mod._profiles
 
@@ -240,8 +247,10 @@ def _table(index: int) -> _Table:
 
 @_state.on_reset
 def reset_dispatch() -> None:
-    """Forget dispatch tables (``hwprofile.reset()`` calls it)."""
+    """Forget dispatch tables and routing memos (``hwprofile.reset()`` calls it)."""
     _tables.clear()
+    for memo in _memos.values():
+        memo.clear()
 
 
 # --- decisions (pure, testable on CPU against any simulated profile) -----------------------------
@@ -302,6 +311,7 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> Callab
         if t.strict:
             raise
         t.routes[op].off = "failed"
+        _memos[op].clear()
         warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=4)
         return None
 
@@ -476,102 +486,175 @@ def _validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int
 
 
 _DTYPES: dict[str, tuple[Any, Any, Any]] = {}  # op -> (x, w, out) torch dtypes, filled by register()
+_UNSET: Final[Any] = object()
+_MEMO_SIZE: Final = 4096  # distinct (device, M, N, K) remembered per op before the memo starts over
 
 
-def _run(op: OpDef, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
-    """The eager implementation of every op: validate, route, run the kernel or the fallback.
+def _remember(memo: dict[tuple[int, int, int, int], Any], idx: int, op: str, m: int, n: int, k: int) -> tuple[_Table, _Route, str | None]:
+    """Look up device ``idx``'s table and :func:`route` (without operands) for one shape, and remember them."""
+    t = _tables.get(idx) or _table(idx)  # hwprofile.reset() clears the tables with the profiles (and the memos)
+    r = t.routes[op]
+    hit = (t, r, route(r, m, n, k))
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    memo[(idx, m, n, k)] = hit
+    return hit
 
-    The common call (2-D x, no ``out``, a 1-element or per-row scale) is checked inline with a few
-    identity and integer comparisons; anything else, or anything wrong, goes through
-    :func:`_validate`, which says what. The fast check compares the devices of x, w and scale too:
-    torch does not always refuse a mismatch (``torch.mm`` of a CPU and a meta tensor returns
-    uninitialised memory).
+
+def _dispatch(memo: dict[tuple[int, int, int, int], Any], idx: int, op: str, x: Any, w: Any, scale: Any,
+              m: int, n: int, k: int, mode: int, out: Any) -> Any:
+    """Route a checked 2-D call on device ``idx``, then run the kernel or the fallback.
+
+    The operands are those of the contract ([M, K] and [N, K] on one device, contract dtypes);
+    ``out`` is a contiguous [M, N] result for the kernel to write, or None. ``memo`` (the op's, in
+    :data:`_memos`) holds the table, route and :func:`route`'s answer per (device, M, N, K), so the
+    common call pays one dict lookup; the layout gate depends on the operands and is checked here
+    by the helper :func:`route` uses.
     """
-    xdt, wdt, odt = _DTYPES[op.name]
-    mode = NO_SCALE
-    res: torch.Tensor
-    try:
-        n, k = w.shape
-        m, xk = x.shape
-        fast = out is None and x.dtype is xdt and w.dtype is wdt and xk == k and w.device == x.device
-        if scale is not None and fast:  # the scaled ops' common call: a per-tensor or per-row fp32 scale
-            sn = scale.numel()
-            mode = TENSOR_SCALE if sn == 1 and scale.dim() <= 1 else ROW_SCALE if sn == n and scale.dim() == 1 else NO_SCALE
-            fast = mode != NO_SCALE and scale.dtype is _F32 and scale.device == x.device
-        elif wdt is not xdt:  # a scaled op called without its scale: _validate says so
-            fast = False
-    except (AttributeError, ValueError, TypeError):
-        fast = False
-    if fast:
-        x2, o2 = x, None
-    else:
-        m, n, k, mode = _validate(op, x, w, scale, out)
-        x2 = x if x.dim() == 2 else x.reshape(m, k)
-        o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
+    hit = memo.get((idx, m, n, k))
+    t, r, gate = hit if hit is not None else _remember(memo, idx, op, m, n, k)
+    if gate is None:
+        if not (x.is_cuda or idx == _cpu_index) or _misplaced((x, w, scale, out)):  # a pointer the kernel cannot take
+            gate = "layout"
+        else:
+            res = out if out is not None else x.new_empty((m, n), dtype=_DTYPES[op][2])
+            if _launch(t, op, res, x, w, scale, m, n, k, mode):
+                r.counts["kernel"] += 1
+                return res
+    r.counts["fallback"] += 1
+    if gate == "empty":
+        return x.new_zeros((m, n), dtype=_DTYPES[op][2])
+    if mode != NO_SCALE:
+        return _fp8_fallback(x, w, scale)
+    if r.fp32_out:
+        return _mm_fp32(x, w)
+    return _F_linear(x, w)  # _linear, without one Python call
+
+
+def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
+    """The general eager path: validate (errors name the argument), flatten batch dims, dispatch, fill ``out``.
+
+    The public ops take it for anything but the common call (see :func:`_front`).
+    """
+    m, n, k, mode = _validate(op, x, w, scale, out)
+    x2 = x if x.dim() == 2 else x.reshape(m, k)
     idx = x.get_device()
     if idx < 0:
         idx = _cpu_index
-    gate: str | None = "cpu"
-    if idx >= 0:
-        t = _tables.get(idx)  # hwprofile.reset() clears the tables with the profiles
-        if t is None:
-            t = _table(idx)
-        r = t.routes[op.name]
-        gate = route(r, m, n, k, (x2, w, scale) if fast else (x2, w, scale, o2) if out is not None else (x2, w, scale))
-        if gate is None and w.get_device() != x.get_device():
-            _validate(op, x, w, scale, out)  # raises, naming both devices (the fallback lets torch say it)
-        if gate is None:
-            res = o2 if o2 is not None else x.new_empty((m, n), dtype=odt)
-            if _launch(t, op.name, res, x2, w, scale, m, n, k, mode):
-                r.counts["kernel"] += 1
-                return out if out is not None else res if x2 is x else res.view(*x.shape[:-1], n)
-            gate = "failed"
-        r.counts["fallback"] += 1
-    if gate == "empty":
-        res = x.new_zeros((m, n), dtype=odt)
-    elif mode != NO_SCALE:
-        res = _fp8_fallback(x2, w, scale)
-    elif odt is not xdt:
-        res = _mm_fp32(x2, w)
+    if idx < 0:  # CPU tensors: torch's own implementation, no dispatch table
+        res = x.new_zeros((m, n), dtype=_DTYPES[op.name][2]) if not (m and n and k) else (
+            _fp8_fallback(x2, w, scale) if mode != NO_SCALE else _mm_fp32(x2, w) if op.out_dtype != op.x_dtype else _F_linear(x2, w)
+        )
     else:
-        res = _F_linear(x2, w)  # _linear, without one Python call
+        o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
+        res = _dispatch(_memos[op.name], idx, op.name, x2, w, scale, m, n, k, mode, o2)
+        if res is o2:
+            return out
     if out is not None:
         out.copy_(res.view(out.shape))
         return out
     return res if x2 is x else res.view(*x.shape[:-1], n)
 
 
+def _front(op: OpDef, general: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager entry of ``op``: the common call checked and routed inline, anything else through ``general``.
+
+    The common call is 2-D ``x`` and ``w`` of the contract dtypes on one device, no ``out`` and, for
+    a scaled op, an fp32 scale per tensor or per row on that device. An op may cost at most 1 µs
+    more than its fallback (benchmarks/RESULTS.md, "Ops in an engine"), so checking that call is a
+    few tensor attribute reads (devices compared as integer indices: CPU and meta tensors have -1),
+    one memo lookup for the route, and the fallback called from here. Anything else, or anything
+    wrong, goes through ``general`` (the documented function), which validates and says what.
+    """
+    name = op.name
+    xdt, wdt, odt = _DTYPES[name]
+    f32, fp32_out, memo = _F32, op.out_dtype != op.x_dtype, _memos[name]
+
+    def device(x: Any, w: Any, scale: Any) -> int:
+        # the device index the call runs on, or -1 if the operands are not on one device the ops route
+        i = x.get_device()
+        if i >= 0:
+            return i if w.get_device() == i and (scale is None or scale.get_device() == i) else -1
+        # CPU tensors count only under the test seam, and only when all are CPU (a meta tensor is also -1)
+        return _cpu_index if x.is_cpu and w.is_cpu and (scale is None or scale.is_cpu) else -1
+
+    if op.scaled:
+
+        def call(x: Any, w: Any, scale: Any, *, out: Any = None) -> Any:
+            if out is None and not _compiling():
+                try:
+                    m, k = x.shape
+                    n, wk = w.shape
+                    ss = scale.shape
+                    mode = TENSOR_SCALE if ss == () or ss == (1,) else ROW_SCALE if ss == (n,) else NO_SCALE
+                    idx = device(x, w, scale)
+                    fast = k == wk and x.dtype is xdt and w.dtype is wdt and scale.dtype is f32 and mode and idx >= 0
+                except (AttributeError, ValueError, TypeError):
+                    fast = False
+                if fast:
+                    return _dispatch(memo, idx, name, x, w, scale, m, n, k, mode, None)
+            return general(x, w, scale, out=out)
+
+    else:
+
+        def call(x: Any, w: Any, *, out: Any = None) -> Any:  # type: ignore[misc]
+            if out is None and not _compiling():
+                try:
+                    m, k = x.shape
+                    n, wk = w.shape
+                    idx = x.get_device()
+                    if idx < 0 or w.get_device() != idx:
+                        idx = device(x, w, None)
+                    fast = k == wk and x.dtype is xdt and w.dtype is wdt and idx >= 0
+                except (AttributeError, ValueError, TypeError):
+                    fast = False
+                if fast:  # routed inline: the unscaled ops are the host-bound ones
+                    hit = memo.get((idx, m, n, k))
+                    _, r, gate = hit if hit is not None else _remember(memo, idx, name, m, n, k)
+                    if gate is None:
+                        return _dispatch(memo, idx, name, x, w, None, m, n, k, NO_SCALE, None)
+                    r.counts["fallback"] += 1  # _dispatch's fallback tail, without its call
+                    if gate == "empty":
+                        return x.new_zeros((m, n), dtype=odt)
+                    return _mm_fp32(x, w) if fp32_out else _F_linear(x, w)
+            return general(x, w, out=out)
+
+    functools.update_wrapper(call, general)
+    return call
+
+
 def router_gemm(hidden: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """MoE router logits: ``hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32`` on every path."""
     if _compiling():
         return _traced(ROUTER_GEMM, out, hidden, weight)
-    return _run(ROUTER_GEMM, hidden, weight, None, out)
+    return _run(ROUTER_GEMM, hidden, weight, None, out)  # type: ignore[no-any-return]
 
 
 def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[..., K] bf16 . w[N, K]^T -> [..., N] float32``; small M may use the plugin kernel."""
     if _compiling():
         return _traced(LINEAR_BF16_FP32, out, x, w)
-    return _run(LINEAR_BF16_FP32, x, w, None, out)
+    return _run(LINEAR_BF16_FP32, x, w, None, out)  # type: ignore[no-any-return]
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode GEMV: ``x[..., K] bf16 . w[N, K]^T -> [..., N] bf16`` with fp32 accumulation (kernel at M = 1)."""
     if _compiling():
         return _traced(GEMV, out, x, w)
-    return _run(GEMV, x, w, None, out)
+    return _run(GEMV, x, w, None, out)  # type: ignore[no-any-return]
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16``; scale per tensor ([] or [1]) or per row ([N])."""
     if _compiling():
         return _traced(FP8_GEMV, out, x, w, scale)
-    return _run(FP8_GEMV, x, w, scale, out)
+    return _run(FP8_GEMV, x, w, scale, out)  # type: ignore[no-any-return]
 
 
 # --- torch custom ops (torch.compile, CUDA graphs) -----------------------------------------------
 
 _custom: dict[str, Any] = {}  # op name -> torch.ops.hwprofile.<op>
+_registered = threading.Event()  # register() has run to its end
 _register_lock = threading.Lock()
 _library: Any = None
 
@@ -583,27 +666,30 @@ def register() -> None:
     (``ops.router_gemm``), which dynamo performs for real even while it traces.
     """
     global _library, _compiling
-    if _custom:
+    if _registered.is_set():
         return
     import torch
 
     with _register_lock:
-        if _custom:
+        if _registered.is_set():
             return
         global _F_linear, _torch, _F32
         _F_linear, _torch, _F32 = torch.nn.functional.linear, torch, torch.float32
         for op in OPS.values():
             _DTYPES[op.name] = (getattr(torch, op.x_dtype), getattr(torch, op.w_dtype), getattr(torch, op.out_dtype))
+        _compiling = torch.compiler.is_compiling
+        fronts = {name: _front(OPS[name], fn) for name, fn in _PUBLIC.items()}
         library: Any = torch.library.Library  # untyped in some torch builds
         lib = library("hwprofile", "FRAGMENT")
         for op in OPS.values():
-            _define(torch, lib, op)
+            _define(torch, lib, op, fronts[op.name])
         _library = lib
-        _compiling = torch.compiler.is_compiling
-        globals().update(_PUBLIC)
+        globals().update(fronts)
+        _registered.set()
 
 
-def _define(torch: Any, lib: Any, op: OpDef) -> None:
+def _define(torch: Any, lib: Any, op: OpDef, front: Callable[..., Any]) -> None:
+    """Define ``torch.ops.hwprofile.<op>``: its kernel is the op's eager front (what compiled graphs call), plus a fake."""
     params = ", ".join(f"Tensor {a}" for a in op.args)
     lib.define(f"{op.name}({params}) -> Tensor")
     out_dtype = getattr(torch, op.out_dtype)
@@ -611,7 +697,7 @@ def _define(torch: Any, lib: Any, op: OpDef) -> None:
     if op.scaled:
 
         def impl(x: Any, w: Any, scale: Any) -> Any:
-            return _run(op, x, w, scale, None)
+            return front(x, w, scale)
 
         def fake(x: Any, w: Any, scale: Any) -> Any:
             _validate(op, x, w, scale, None)
@@ -619,7 +705,7 @@ def _define(torch: Any, lib: Any, op: OpDef) -> None:
     else:
 
         def impl(x: Any, w: Any) -> Any:  # type: ignore[misc]
-            return _run(op, x, w, None, None)
+            return front(x, w)
 
         def fake(x: Any, w: Any) -> Any:  # type: ignore[misc]
             _validate(op, x, w, None, None)
@@ -659,11 +745,10 @@ def __dir__() -> list[str]:
 
 
 def __getattr__(name: str) -> Any:
-    fn = _PUBLIC.get(name)
-    if fn is None:
+    if name not in _PUBLIC:
         raise AttributeError(f"module 'hwprofile.ops' has no attribute {name!r}")
     register()
-    return fn
+    return globals()[name]  # the op's eager front (see _front), bound by register()
 
 
 if TYPE_CHECKING:  # for type checkers: the public ops as declared above

@@ -1,0 +1,65 @@
+"""Hardware counters of the GEMV kernels against cuBLAS on the H200, for issue 15's "measured reason".
+
+Run under Nsight Compute with profiling off at start; each measured launch sits alone between
+``cudaProfilerStart``/``Stop``, so the report holds exactly the launches listed in ``ncu_order.txt``
+(kernel or cuBLAS, per shape), in that order. Weights are fresh random tensors; ncu flushes the
+caches before each replay (cold L2, as in the graph-replay benchmarks).
+Usage (h200_ncu.sh): ncu --profile-from-start off --clock-control none --section ... \
+    python3 benchmarks/ncu_gemv.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import hwprofile
+from hwprofile import ops
+
+OUT = Path(os.environ.get("OUT", "out"))
+OUT.mkdir(parents=True, exist_ok=True)
+dev = torch.device("cuda:0")
+BF16 = [(2048, 7168), (4096, 4096), (7168, 16384), (28672, 4096), (57344, 7168)]
+FP8 = [(2048, 7168), (4096, 4096), (7168, 16384), (28672, 4096)]
+
+
+def main() -> None:
+    prof = hwprofile.profile(0)
+    t = ops._table(0)
+    order: list[str] = []
+
+    def measured(label: str, fn) -> None:  # one launch inside the profiler window
+        fn()  # load / warm the code path outside the window
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        order.append(label)
+
+    for n, k in BF16:
+        x = torch.randn(1, k, device=dev).bfloat16()
+        w = torch.randn(n, k, device=dev).bfloat16()
+        out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
+        mb = n * k * 2 / 1e6
+        launch = prof.kernels["gemv"].configure(m=1, n=n, k=k, split_k=t.split_k)
+        measured(f"bf16 {n}x{k} {mb:.0f}MB kernel {launch.name_expression} grid {launch.grid}",
+                 lambda: ops._run_kernel(t, "gemv", out, x, w, None, 1, n, k))
+        measured(f"bf16 {n}x{k} {mb:.0f}MB cuBLAS F.linear", lambda: F.linear(x, w))
+    for n, k in FP8:
+        x = torch.randn(1, k, device=dev).bfloat16()
+        w = (torch.randn(n, k, device=dev) * 2).to(torch.float8_e4m3fn)
+        s = torch.rand(n, device=dev) + 0.5
+        out = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
+        launch = prof.kernels["fp8_gemv"].configure(m=1, n=n, k=k, split_k=t.split_k, scale=ops.ROW_SCALE)
+        measured(f"fp8 {n}x{k} {n * k / 1e6:.0f}MB kernel {launch.name_expression} grid {launch.grid}",
+                 lambda: ops._run_kernel(t, "fp8_gemv", out, x, w, s, 1, n, k, ops.ROW_SCALE))
+    (OUT / "ncu_order.txt").write_text("\n".join(order) + "\n")
+    print("\n".join(order))
+
+
+if __name__ == "__main__":
+    main()
