@@ -278,3 +278,14 @@ def test_counts_reach_the_profile_stats(fake: FakeLauncher) -> None:
     ops.router_gemm(rand(20, 7168), rand(256, 7168))
     ops.router_gemm(rand(0, 7168), rand(256, 7168))
     assert prof.stats.as_dict()["router_gemm"] == {"kernel": 1, "fallback": 2}
+
+
+@pytest.mark.parametrize("n", [0, 1, 64])
+@pytest.mark.parametrize("shape", [(1, 1), (2,), (1, 64), (3, 1)])
+def test_a_scale_that_is_neither_per_tensor_nor_per_row_is_refused(fake: FakeLauncher, n: int, shape: tuple[int, ...]) -> None:
+    """The eager front reads the scale's shape itself; any shape but [], [1] or [N] must reach the validating path."""
+    if shape in ((1,), (n,)):
+        pytest.skip("a valid scale for this N")
+    with pytest.raises(ValueError, match="scale must have 1 element"):
+        ops.fp8_gemv(rand(1, 512), fp8(n, 512), torch.ones(shape))
+    assert not fake.calls

@@ -586,13 +586,23 @@ def _front(op: OpDef, general: Callable[..., Any]) -> Callable[..., Any]:
                     m, k = x.shape
                     n, wk = w.shape
                     ss = scale.shape
-                    mode = TENSOR_SCALE if ss == () or ss == (1,) else ROW_SCALE if ss == (n,) else NO_SCALE
-                    idx = device(x, w, scale)
+                    s0 = ss[0] if len(ss) == 1 else -1  # -1: not a 1-D scale (never a size)
+                    mode = TENSOR_SCALE if not ss or s0 == 1 else ROW_SCALE if s0 == n else NO_SCALE
+                    idx = x.get_device()
+                    if idx < 0 or w.get_device() != idx or scale.get_device() != idx:
+                        idx = device(x, w, scale)
                     fast = k == wk and x.dtype is xdt and w.dtype is wdt and scale.dtype is f32 and mode and idx >= 0
                 except (AttributeError, ValueError, TypeError):
                     fast = False
-                if fast:
-                    return _dispatch(memo, idx, name, x, w, scale, m, n, k, mode, None)
+                if fast:  # routed inline, as the unscaled ops below
+                    hit = memo.get((idx, m, n, k))
+                    _, r, gate = hit if hit is not None else _remember(memo, idx, name, m, n, k)
+                    if gate is None:
+                        return _dispatch(memo, idx, name, x, w, scale, m, n, k, mode, None)
+                    r.counts["fallback"] += 1  # _dispatch's fallback tail, without its call
+                    if gate == "empty":
+                        return x.new_zeros((m, n), dtype=odt)
+                    return _fp8_fallback(x, w, scale)
             return general(x, w, scale, out=out)
 
     else:
