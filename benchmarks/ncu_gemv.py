@@ -22,7 +22,7 @@ from hwprofile import ops
 OUT = Path(os.environ.get("OUT", "out"))
 OUT.mkdir(parents=True, exist_ok=True)
 dev = torch.device("cuda:0")
-BF16 = [(2048, 7168), (4096, 4096), (7168, 16384), (28672, 4096), (57344, 7168)]
+BF16 = [(2048, 7168), (4096, 4096), (7168, 16384), (28672, 4096), (57344, 7168)]  # router shapes: see main()
 FP8 = [(2048, 7168), (4096, 4096), (7168, 16384), (28672, 4096)]
 
 
@@ -40,6 +40,16 @@ def main() -> None:
         torch.cuda.profiler.stop()
         order.append(label)
 
+    for n in (256, 384):
+        for m in (1, 8, 16):
+            k = 7168
+            x = torch.randn(m, k, device=dev).bfloat16()
+            w = torch.randn(n, k, device=dev).bfloat16()
+            out = torch.empty(m, n, device=dev)
+            launch = prof.kernels["router_gemm"].configure(m=m, n=n, k=k, split_k=t.split_k)
+            measured(f"router M={m} N={n} kernel {launch.name_expression} grid {launch.grid}",
+                     lambda: ops._run_kernel(t, "router_gemm", out, x, w, None, m, n, k))
+            measured(f"router M={m} N={n} cuBLAS torch.mm(out_dtype=fp32)", lambda: torch.mm(x, w.t(), out_dtype=torch.float32))
     for n, k in BF16:
         x = torch.randn(1, k, device=dev).bfloat16()
         w = torch.randn(n, k, device=dev).bfloat16()

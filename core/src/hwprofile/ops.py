@@ -16,16 +16,18 @@ Every op takes ``out=`` (a preallocated result of exactly that shape and dtype, 
 returned), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
 K = 0 gives zeros) and strided weights (a row stride other than K: the fallback takes them).
 
-:func:`route` is the only place that decides kernel or fallback: the ops call it per call,
-:func:`decide` calls it and turns its answer into words. Its inputs are read once per device into
+:func:`route` is the only place that decides kernel or fallback: the ops call it once per
+(device, M, N, K) and remember the answer (:data:`_memos`), :func:`decide` calls it and turns its
+answer into words. Its inputs are read once per device into
 a :class:`_Route` per op (thresholds and bounds from the profile, availability of the kernel,
 deterministic mode), so a decision is a few integer comparisons. A kernel that fails to build or
 load warns once and the op falls back from then on (``HWPROFILE_STRICT=1`` raises instead).
 
 Under ``torch.compile`` each op goes through its ``torch.ops.hwprofile.<op>`` custom op (registered
-with a fake implementation, see :func:`register`); in eager mode it calls the implementation
-directly: the dispatcher would add host time to every call, and an op may cost at most 1 µs more
-than its fallback (measured in benchmarks/RESULTS.md, "Ops in an engine").
+with a fake implementation, see :func:`register`); in eager mode ``hwprofile.ops.<op>`` is the op's
+eager front (:func:`_front`), which checks and routes the common call inline: the dispatcher would
+add host time to every call, and an op may cost at most 1 µs more than its fallback (measured in
+benchmarks/RESULTS.md, "Ops in an engine").
 """
 
 from __future__ import annotations
