@@ -143,3 +143,22 @@ def test_registration_is_lazy_and_works_when_the_first_lookup_is_traced() -> Non
         "print(bool(torch.allclose(f(h, w), (h.float() @ w.float().t()).softmax(-1), atol=1e-5)))\n"
     )
     assert _run(code).split() == ["False", "True"]
+
+
+def test_the_custom_op_runs_for_real_inside_a_compile_session() -> None:
+    """Inductor's constant folding and backends that run their graph call the op's implementation while
+    ``torch.compiler.is_compiling()`` is True: it must compute there, not hand the call back to itself."""
+    torch._dynamo.reset()
+    x, w = torch.randn(2, 64).bfloat16(), torch.randn(8, 64).bfloat16()
+    ref = ops.gemv(x, w)
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        gm(*example_inputs)  # as a validating or benchmarking backend does
+        return gm
+
+    f = torch.compile(lambda a, b: ops.gemv(a, b) * 2, backend=backend, fullgraph=True)
+    assert torch.equal(f(x, w), ref * 2)
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    if session is not None:  # torch >= 2.9: the flag stays set for the whole session
+        with session():
+            assert torch.compiler.is_compiling() and torch.equal(torch.ops.hwprofile.gemv(x, w), ref)

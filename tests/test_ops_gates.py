@@ -289,3 +289,37 @@ def test_a_scale_that_is_neither_per_tensor_nor_per_row_is_refused(fake: FakeLau
     with pytest.raises(ValueError, match="scale must have 1 element"):
         ops.fp8_gemv(rand(1, 512), fp8(n, 512), torch.ones(shape))
     assert not fake.calls
+
+
+@pytest.mark.parametrize("name", ["router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"])
+def test_every_op_takes_its_documented_argument_names(fake: FakeLauncher, name: str) -> None:
+    """The eager front is one closure for all ops; its parameters carry each op's own names (router_gemm: hidden, weight)."""
+    import inspect
+
+    from hwprofile.optable import OPS
+
+    op, fn = OPS[name], getattr(ops, name)
+    assert list(inspect.signature(fn).parameters) == [*op.args, "out"]
+    args = [rand(2, 512), fp8(64, 512) if op.scaled else rand(64, 512)] + ([torch.ones(64)] if op.scaled else [])
+    by_position, by_name = fn(*args), fn(**dict(zip(op.args, args, strict=True)))
+    assert torch.equal(by_position, by_name)
+    with pytest.raises(TypeError):
+        fn(*args[:1], nonsense=args[1])
+
+
+def test_a_reset_while_a_route_is_computed_leaves_no_stale_memo(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread's reset() between the table lookup and the memo store must not leave the old table's route behind."""
+    h, w = rand(4, 7168), rand(256, 7168)
+    real_route = ops.route
+
+    def route_then_reset(*a: Any, **kw: Any) -> Any:
+        gate = real_route(*a, **kw)
+        monkeypatch.setattr(ops, "route", real_route)
+        monkeypatch.setenv("HWPROFILE_DETERMINISTIC", "1")  # what the other thread changed before its reset
+        hwprofile.reset()
+        return gate
+
+    monkeypatch.setattr(ops, "route", route_then_reset)
+    ops.router_gemm(h, w)  # its route was computed before the reset (either path is right for this one call)
+    assert not any(took_kernel(fake, ops.router_gemm, h, w) for _ in range(3))  # later calls see the new settings
+    assert ops.decide("router_gemm", hwprofile.profile(0), m=4, n=256, k=7168).gate == "deterministic"

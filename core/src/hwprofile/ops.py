@@ -234,25 +234,41 @@ class _Table:
 
 _tables: dict[int, _Table] = {}
 _memos: dict[str, dict[tuple[int, int, int, int], Any]] = {name: {} for name in OPS}  # see _dispatch
-_tables_lock = threading.Lock()
+_tables_lock = threading.RLock()
+_generation = 0  # bumped (under _tables_lock) whenever tables or memos are dropped; see _remember
 _profiles = _profile_mod._profiles
 
 
 def _table(index: int) -> _Table:
+    """Device ``index``'s dispatch table, rebuilt when its profile changed (the memos go with the old one)."""
     t = _tables.get(index)
     if t is None or t.prof is not _profiles.get(index):
         with _tables_lock:
-            t = _Table(profile(index))
-            _tables[index] = t
+            t = _tables.get(index)
+            if t is None or t.prof is not _profiles.get(index):
+                if t is not None:
+                    _forget()  # memo entries hold the replaced table
+                t = _Table(profile(index))
+                _tables[index] = t
     return t
+
+
+def _forget(op: str | None = None) -> None:
+    """Drop the routing memos (of ``op``, or all) so that no entry computed before survives."""
+    global _generation
+    with _tables_lock:
+        _generation += 1
+        for name, memo in _memos.items():
+            if op is None or name == op:
+                memo.clear()
 
 
 @_state.on_reset
 def reset_dispatch() -> None:
     """Forget dispatch tables and routing memos (``hwprofile.reset()`` calls it)."""
-    _tables.clear()
-    for memo in _memos.values():
-        memo.clear()
+    with _tables_lock:
+        _tables.clear()
+        _forget()
 
 
 # --- decisions (pure, testable on CPU against any simulated profile) -----------------------------
@@ -313,7 +329,7 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> Callab
         if t.strict:
             raise
         t.routes[op].off = "failed"
-        _memos[op].clear()
+        _forget(op)
         warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=4)
         return None
 
@@ -488,18 +504,24 @@ def _validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int
 
 
 _DTYPES: dict[str, tuple[Any, Any, Any]] = {}  # op -> (x, w, out) torch dtypes, filled by register()
-_UNSET: Final[Any] = object()
 _MEMO_SIZE: Final = 4096  # distinct (device, M, N, K) remembered per op before the memo starts over
 
 
 def _remember(memo: dict[tuple[int, int, int, int], Any], idx: int, op: str, m: int, n: int, k: int) -> tuple[_Table, _Route, str | None]:
-    """Look up device ``idx``'s table and :func:`route` (without operands) for one shape, and remember them."""
-    t = _tables.get(idx) or _table(idx)  # hwprofile.reset() clears the tables with the profiles (and the memos)
+    """Look up device ``idx``'s table and :func:`route` (without operands) for one shape, and remember them.
+
+    The entry is stored only if no reset, table rebuild or kernel failure dropped the memos while it
+    was computed (another thread): an entry of a dropped table would otherwise outlive the reset.
+    """
+    gen = _generation
+    t = _table(idx)
     r = t.routes[op]
     hit = (t, r, route(r, m, n, k))
-    if len(memo) >= _MEMO_SIZE:
-        memo.clear()
-    memo[(idx, m, n, k)] = hit
+    with _tables_lock:
+        if gen == _generation:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            memo[(idx, m, n, k)] = hit
     return hit
 
 
@@ -631,6 +653,11 @@ def _front(op: OpDef, general: Callable[..., Any]) -> Callable[..., Any]:
                     return _mm_fp32(x, w) if fp32_out else _F_linear(x, w)
             return general(x, w, out=out)
 
+    # the closures above name their operands x, w(, scale); the op's own names (router_gemm: hidden,
+    # weight) must work as keywords too, so the code object takes the names of the op table's args
+    # (locals are addressed by position: renaming changes nothing else)
+    code = call.__code__
+    call.__code__ = code.replace(co_varnames=(*op.args, *code.co_varnames[len(op.args) :]))
     functools.update_wrapper(call, general)
     return call
 
@@ -709,7 +736,9 @@ def _define(torch: Any, lib: Any, op: OpDef, front: Callable[..., Any]) -> None:
     if op.scaled:
 
         def impl(x: Any, w: Any, scale: Any) -> Any:
-            return front(x, w, scale)
+            # inside a compile session (inductor constant folding, a backend running the graph) the front
+            # would hand the call back to this custom op: run the eager implementation itself there
+            return front(x, w, scale) if not _compiling() else _run(op, x, w, scale, None)
 
         def fake(x: Any, w: Any, scale: Any) -> Any:
             _validate(op, x, w, scale, None)
@@ -717,7 +746,7 @@ def _define(torch: Any, lib: Any, op: OpDef, front: Callable[..., Any]) -> None:
     else:
 
         def impl(x: Any, w: Any) -> Any:  # type: ignore[misc]
-            return front(x, w)
+            return front(x, w) if not _compiling() else _run(op, x, w, None, None)
 
         def fake(x: Any, w: Any) -> Any:  # type: ignore[misc]
             _validate(op, x, w, None, None)
