@@ -404,6 +404,31 @@ def round6() -> None:
             timed(nopdl, m, n, 7168, False, torch.float32, "router_plan_nopdl")
 
 
+def round7() -> None:
+    """Persistent GEMV with one block per SM, with and without PDL (late session).
+
+    Nsight Compute put the small GEMVs' loss in a fixed cost per call (ramp and tail, 1.95 µs by the
+    size fit). PDL was tried before with 4 blocks a SM (grid 528, no gain): those blocks leave no
+    registers for the next call's blocks, so nothing can overlap. One 8-warp block a SM (97
+    registers: 25K of the 64K) leaves room for the next call's block to be resident and wait.
+    """
+    shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (4096, 7168), (12288, 4096), (28672, 4096)]
+    for n, k in shapes:
+        cublas(1, n, k, False)
+        timed(old_gemv(n, k, False, 0), 1, n, k, False, torch.bfloat16, "gemv_split")
+        from hwprofile_sm90.planning import plan_gemv
+
+        timed(plan_gemv(m=1, n=n, k=k, split_k=True), 1, n, k, False, torch.bfloat16, "gemv_planned")
+        for warps, rows, u, bps in ((8, 2, 4, 1), (8, 2, 4, 2), (16, 1, 4, 1), (8, 1, 8, 1)):
+            for pdl in (False, True):
+                timed(persist_launch(n, k, False, warps, rows, u, bps, pdl, 0), 1, n, k, False, torch.bfloat16, f"gemv_bps{bps}")
+    for n, k in [(2048, 7168), (4096, 4096), (28672, 4096)]:
+        timed(old_gemv(n, k, True, 2), 1, n, k, True, torch.bfloat16, "fp8_planned", 2)
+        for warps, rows, u, bps in ((8, 2, 4, 1), (4, 4, 2, 2)):
+            for pdl in (False, True):
+                timed(persist_launch(n, k, True, warps, rows, u, bps, pdl, 2), 1, n, k, True, torch.bfloat16, f"fp8_bps{bps}", 2)
+
+
 def round1() -> None:
     launch_cost()
     router_round(
@@ -438,7 +463,7 @@ def round1() -> None:
 
 
 if __name__ == "__main__":
-    {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5, "6": round6}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+    {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5, "6": round6, "7": round7}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)
