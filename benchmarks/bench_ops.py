@@ -3,7 +3,7 @@
 Cold L2: every timed call reads a different copy of the weights (copies total >= 512 MB, the L2 is
 60 MB). GPU time per call = (CUDA-graph replay of one call per copy) / copies, median of 15 replays.
 Eager wall time per call = host loop of real op calls + synchronize. Writes bench.json and one PNG
-per op to $OUT (or ./out). Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/bench_ops.py [eager]
+per op to $OUT (or ./out). Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/bench_ops.py [eager | floor]
 (``eager``: only the eager host-cost comparison of every op against its fallback, to eager.json).
 """
 
@@ -342,6 +342,37 @@ def front_only(res: dict) -> None:
         for name, fn in saved.items():
             setattr(ops, name, fn)
     res["front"] = rows
+    floor(res)
+
+
+def floor(res: dict) -> None:
+    """What any Python wrapper pays in the same loop as the real fallback (gemv M = 8, cuBLAS F.linear):
+    one Python frame; the frame plus the six reads a contract check needs (shape, dtype and device of
+    x and w) and nothing else; the op itself. Rounds rotate the four; the median of 9."""
+    x = torch.randn(8, 4096, device=dev).bfloat16()
+    w = torch.randn(4096, 4096, device=dev).bfloat16()
+    bf16 = torch.bfloat16
+
+    def frame(x, w):
+        return F.linear(x, w)
+
+    def reads(x, w):
+        _, k = x.shape
+        _, wk = w.shape
+        if k == wk and x.dtype is bf16 and w.dtype is bf16 and x.get_device() == w.get_device():
+            return F.linear(x, w)
+        raise AssertionError
+
+    fns = {"F.linear": lambda: F.linear(x, w), "one frame": lambda: frame(x, w), "frame + six reads": lambda: reads(x, w),
+           "ops.gemv": lambda: ops.gemv(x, w)}
+    per: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for i in range(9):
+        for name in names[i % 4 :] + names[: i % 4]:
+            per[name].append(_wall(fns[name]))
+    med = {k: statistics.median(v) for k, v in per.items()}
+    res["floor"] = {k: {"us": v, "over_F_linear": v - med["F.linear"]} for k, v in med.items()}
+    print("floor (gemv M=8, fallback path): " + ", ".join(f"{k} {v:.2f} us (+{v - med['F.linear']:.2f})" for k, v in med.items()))
 
 
 def compile_and_load(prof: hwprofile.Profile, res: dict) -> None:
@@ -423,5 +454,9 @@ def main_eager() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] in (["eager"], ["host"]):  # eager host cost only (writes eager.json)
         main_eager()
+    elif sys.argv[1:] == ["floor"]:  # only the op's own cost and the wrapper floor (writes floor.json)
+        r: dict[str, object] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+        front_only(r)
+        (OUT / "floor.json").write_text(json.dumps(r, indent=1))
     else:
         main()
