@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +80,25 @@ def test_compile_warns_about_a_misspelt_setting(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(SystemExit):
         cli.main(["compile", "--arch", "sm_90a"])
     assert "did you mean HWPROFILE_ROUTER_GEMM_MAX_TOKENS?" in caplog.text
+
+
+def test_doctor_fails_on_a_kernel_cache_directory_the_cache_refuses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """A shared cache directory makes every kernel load fail: doctor says so as a FAIL (exit 1), naming the fix."""
+    from hwprofile.cli import main
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))
+    assert main(["doctor", "--json"]) == 1
+    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "kernel cache"]
+    assert check["status"] == "FAIL" and str(shared) in check["detail"] and "chmod 700" in check["detail"]
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "not-yet"))
+    main(["doctor", "--json"])
+    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "kernel cache"]
+    assert check["status"] == "OK" and "created on the first compile" in check["detail"]
+    monkeypatch.setenv("HWPROFILE_CACHE", "off")
+    main(["doctor", "--json"])
+    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "kernel cache"]
+    assert check["status"] == "INFO"

@@ -130,6 +130,7 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
         )
     else:
         out.append(Check("devices", "INFO", f"no NVIDIA GPU ({det.reason}); compile-only use and simulation still work"))
+    out.append(_cache_check())
     from .registry import installed_version
 
     bindings = installed_version("cuda-bindings")
@@ -182,6 +183,21 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
         else:
             out.append(Check("torch vs nvrtc", "OK", f"torch CUDA {torch_cuda}, NVRTC {nv[0]}.{nv[1]}"))
     return out
+
+
+def _cache_check() -> Check:
+    """The kernel cache: a directory the cache refuses (shared, foreign, a link, not a directory) makes
+    every kernel load fail, so it is a FAIL; an absent one is created on the first compile."""
+    from . import jit
+    from .errors import CacheError
+
+    if not jit.cache_enabled():
+        return Check("kernel cache", "INFO", "disabled by HWPROFILE_CACHE: every process compiles its kernels")
+    try:
+        path = jit.cache_dir(create=False)
+    except CacheError as exc:
+        return Check("kernel cache", "FAIL", str(exc), "see detail")
+    return Check("kernel cache", "OK", f"{path}{'' if path.is_dir() else ' (created on the first compile)'}")
 
 
 def run_checks() -> list[Check]:
