@@ -323,3 +323,35 @@ def test_a_reset_while_a_route_is_computed_leaves_no_stale_memo(fake: FakeLaunch
     ops.router_gemm(h, w)  # its route was computed before the reset (either path is right for this one call)
     assert not any(took_kernel(fake, ops.router_gemm, h, w) for _ in range(3))  # later calls see the new settings
     assert ops.decide("router_gemm", hwprofile.profile(0), m=4, n=256, k=7168).gate == "deterministic"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # forking with threads is the point
+def test_a_fork_while_another_thread_holds_the_dispatch_lock_leaves_the_child_able_to_route(fake: FakeLauncher) -> None:
+    """A table build holds the dispatch lock while profile() runs; a worker forked meanwhile must still route new shapes."""
+    import os
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ops._tables_lock:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            threading.Timer(30, lambda: os._exit(3)).start()
+            ops.gemv(rand(1, 512), rand(64, 512))  # a shape the memo has not seen: takes the lock
+            code = 0 if fake.calls else 2
+        finally:
+            os._exit(code)
+    release.set()
+    t.join(30)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

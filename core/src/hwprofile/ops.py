@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import sys
 import threading
 import warnings
@@ -237,6 +238,18 @@ _memos: dict[str, dict[tuple[int, int, int, int], Any]] = {name: {} for name in 
 _tables_lock = threading.RLock()
 _generation = 0  # bumped (under _tables_lock) whenever tables or memos are dropped; see _remember
 _profiles = _profile_mod._profiles
+
+
+def _reinit_locks_in_child() -> None:
+    global _tables_lock, _register_lock
+    # a thread of the parent may have held them at the fork (a table build waits on profile()); it
+    # does not exist in the child, which must still route and register
+    _tables_lock = threading.RLock()
+    _register_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_locks_in_child)
 
 
 def _table(index: int) -> _Table:
