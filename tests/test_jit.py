@@ -197,3 +197,38 @@ def test_hwprofile_compile_all_plugins_all_targets(capsys: pytest.CaptureFixture
         for op in ("router_gemm", "gemv", "fp8_gemv", "linear_bf16_fp32")
     }
     assert all(not r["errors"] and r["cubin_bytes"] > 0 for r in rows)
+
+
+def test_compiling_leaves_the_interpreters_shared_bytes_intact(tmp_path: Path) -> None:
+    """NVRTC writes into the buffers it is given. An empty compile log is one byte (its NUL), and
+    ``b" " * 1`` is the ``b" "`` constant itself, which is the interpreter's shared one-byte object
+    when the module was compiled from source (no .pyc: ``pip install --no-compile``, as on the H200
+    runs): writing the NUL there turned every ``b" "`` of the process into ``b"\\0"`` (found when the
+    whole suite ran on the H200, where a later ``doctor --json`` lost its spaces). The child compiles
+    hwprofile from source and stands in an NVRTC whose log is empty and which writes through the
+    pointer as the C function does (NVRTC here always logs ptxas's report)."""
+    code = textwrap.dedent(
+        """
+        import ctypes, sys
+        from cuda.bindings import nvrtc
+        from hwprofile import toolchain
+
+        data = sys.getsizeof(b"") - 1  # where a bytes object's data starts: what a char* argument points at
+
+        def write_nul(prog, buf):
+            ptr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf)) if isinstance(buf, bytearray) else id(buf) + data
+            ctypes.memset(ptr, 0, len(buf))
+            return (nvrtc.nvrtcResult.NVRTC_SUCCESS,)
+
+        nvrtc.nvrtcGetProgramLogSize = lambda prog: (nvrtc.nvrtcResult.NVRTC_SUCCESS, 1)  # an empty log
+        nvrtc.nvrtcGetProgramLog = write_nul
+        src = 'extern "C" __global__ void k(float* p) { p[0] = 1.0f; }'
+        cubin, _, log = toolchain.nvrtc_compile(src, "k.cu", toolchain.CompileOptions("sm_90a"), [], what="k")
+        assert log == "" and cubin
+        assert list(b" ") == [32] and b" ".join([b"a", b"b"]) == bytes([97, 32, 98]), repr(b" ")
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}  # modules compiled from source
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -217,16 +217,21 @@ def nvrtc_compile(
         opts = options.flags()
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * n
+        # NVRTC writes into the buffers it is given: they must be fresh and writable. ``b" " * n``
+        # is the ``b" "`` constant itself when n == 1 (an empty log), and that constant is the
+        # interpreter's shared one-byte object when this module was compiled from source (no .pyc):
+        # NVRTC's NUL then turned every b" " in the process into b"\0"
+        buf = bytearray(n)
         nvrtc.nvrtcGetProgramLog(prog, buf)
-        text = buf.rstrip(b"\0 ").decode(errors="replace")
+        text = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             lines = "\n".join("  " + ln for ln in text.splitlines() if ln.strip() and "Used" not in ln)
             raise KernelCompileError(f"NVRTC failed to compile {what} for {options.target}:\n{lines}")
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(err, "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin)[0], "nvrtcGetCUBIN")
+        out = bytearray(size)
+        _check(nvrtc.nvrtcGetCUBIN(prog, out)[0], "nvrtcGetCUBIN")
+        cubin = bytes(out)
         lowered = {}
         for e in expressions:
             err, low = nvrtc.nvrtcGetLoweredName(prog, e.encode())
