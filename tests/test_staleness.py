@@ -23,7 +23,7 @@ FB = {"function": "torch.mm(out_dtype=torch.float32)", "torch": "2.11.0", "cubla
 
 
 def stamp(**changes: object) -> tuning.Stamp:
-    base = tuning.Stamp("router_gemm", tuning.device_identity(H200), (9, 0), "arch", "1.0", "k" * 64, FB, "2026-11-30")
+    base = tuning.Stamp("router_gemm", tuning.device_identity(H200), (9, 0), "arch", "1.0", "k" * 64, FB, "2026-11-30", plan="p" * 64)
     fb = {**FB, **{k[9:]: v for k, v in changes.items() if k.startswith("fallback_")}}
     rest = {k: v for k, v in changes.items() if not k.startswith("fallback_")}
     return base.replace(fallback=fb, **rest)
@@ -46,6 +46,8 @@ def stamp(**changes: object) -> tuning.Stamp:
         ({"plugin": "other"}, True, ["measured with plugin 'arch', 'other' is selected"], [], []),
         ({"kernel": "j" * 64}, True, ["kernel source changed"], [], []),
         ({"kernel": ""}, True, [], [], ["kernel source: cannot tell"]),
+        ({"plan": "q" * 64}, True, ["launch plan changed"], [], []),  # same source, launched differently
+        ({"plan": ""}, True, [], [], ["launch plan: cannot tell (no kernel for this op now)"]),
     ],
 )
 def test_compare_sorts_differences(now: dict[str, object], real: bool, stale: list[str], notes: list[str], unknown: list[str]) -> None:
@@ -55,6 +57,12 @@ def test_compare_sorts_differences(now: dict[str, object], real: bool, stale: li
         for g, w in zip(got, want, strict=True):
             assert g.startswith(w), (g, w)
     assert c.is_stale == bool(stale)
+
+
+def test_a_stamp_without_a_plan_cannot_tell_whether_the_plan_changed() -> None:
+    """Stamps written before plans were recorded (the shipped sm90 ones) say so instead of guessing."""
+    c = tuning.compare(stamp(plan=""), stamp(), real_gpu=True)
+    assert not c.stale and c.unknown == ("launch plan: cannot tell (the stamp records none)",)
 
 
 def test_stamp_recording_unknown_is_cannot_tell() -> None:
@@ -274,3 +282,37 @@ def test_head_only_parsing_equals_a_full_parse() -> None:
         full = tomllib.loads(f.read_text())
         st, thresholds = tuning.read_tuned(f)
         assert thresholds == full["thresholds"] and st == tuning.Stamp.from_dict(full["stamp"], where=str(f)), f
+
+
+def test_a_tuned_value_goes_stale_when_the_launch_plan_changes_and_the_source_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Round 7 of the sm90 variants found PDL worth a few % for the persistent GEMV; switching it on
+    changes no source, only the plan. A sweep records the plan, so the old threshold is reported stale."""
+    pytest.importorskip("hwprofile_sm90")
+    import hwprofile
+    from hwprofile_sm90 import planning
+
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    prof = hwprofile.profile()
+    spec = prof.kernels["gemv"]
+    plan = tuning.plan_digest("gemv", spec)
+    assert plan == tuning.plan_digest("gemv", spec)  # a pure function of the plan
+    f = tmp_path / "gemv.toml"
+    f.write_text(tuned_toml(prof.device, {"gemv.max_n": 2048}, plugin="sm90", version=prof.plugin.version if prof.plugin else "",
+                            kernel=spec.source_digest(with_cuda_headers=False), op="gemv", plan=plan))
+    monkeypatch.setenv("HWPROFILE_TUNED_FILE", str(f))
+    hwprofile.reset()
+    assert hwprofile.profile().explain("gemv.max_n").value == 2048  # measured against this plan: applied
+
+    real = planning.plan_gemv
+
+    def with_pdl(**kw: object) -> object:
+        la = real(**kw)  # type: ignore[arg-type]
+        return la if la.pdl else la.replace(pdl=True)
+
+    monkeypatch.setattr(planning, "plan_gemv", with_pdl)
+    hwprofile.reset()
+    r = hwprofile.profile().explain("gemv.max_n")
+    assert r.value != 2048 and not r.chain[-1].applied and "launch plan changed" in r.chain[-1].stale

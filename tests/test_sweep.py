@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hwprofile
-from hwprofile import sweep
+from hwprofile import sweep, tuning
 from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from hwprofile.sweep import Point
@@ -89,6 +89,7 @@ def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monk
     }
     st = doc["stamp"]
     assert st["plugin"] == "sm90" and st["compute_capability"] == [9, 0] and st["kernel"]
+    assert st["plan"] == tuning.plan_digest("router_gemm", h200.kernels["router_gemm"])  # the launches it measured
     assert st["fallback"]["function"] == "torch.mm(out_dtype=torch.float32)" and "torch" in st["fallback"] and "uuid" not in str(st).lower()
     assert len(doc["measurements"]) == 32 and doc["measurements"][0]["kernel_samples"]
     f = tmp_path / "router.toml"
@@ -96,7 +97,7 @@ def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monk
     env = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine", "HWPROFILE_TUNED_FILE": str(f)}
     reg = Registry(env).load_entry_points()
     r = build_profile(h200.device, reg, env).explain("router_gemm.max_tokens")
-    assert r.value == 6 and r.winner.kind == "tuned" and r.winner.stamp.date == "2026-11-30"
+    assert r.value == 6 and r.winner.kind == "tuned" and r.winner.stamp.date == "2026-11-30" and r.winner.stamp.plan == st["plan"]
 
 
 def test_tuned_file_for_other_gpu_is_stale_not_a_crash(h200: hwprofile.Profile, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -278,6 +278,7 @@ def run(
         (p.version or "") if p else "",
         spec.source_digest(with_cuda_headers=False) if spec else "",
         date or time.strftime("%Y-%m-%d"),
+        plan=stamps.plan_digest(op, spec) if spec else "",
     )
     return {
         "stamp": stamp.as_dict(),

@@ -3,15 +3,16 @@
 A threshold tuned against one fallback silently goes wrong when the fallback changes (the design
 guide's case 1). So every tuned value, and every shipped plugin threshold that was measured, carries
 a :class:`Stamp`: the device (UUID-free), the plugin and its version, the kernel's source digest,
-and the **fallback identity** (the fallback function, torch's version, cuBLAS/cuBLASLt's version),
-read from package metadata only.
+the digest of the launches the plugin plans for the op's sweep grid (:func:`plan_digest`: tiles,
+grid, PDL can change while the source does not), and the **fallback identity** (the fallback
+function, torch's version, cuBLAS/cuBLASLt's version), read from package metadata only.
 
 :func:`compare` sorts what differs between a stamp and the running system into three kinds, so
 that a warning fires only when it means something (a warning that fires for everyone is noise):
 
 * **stale**: something the measurement depended on changed: another GPU generation, another
-  plugin, another kernel source, another fallback function, or, on a real GPU, another
-  major.minor of torch or cuBLAS. Patch versions never count.
+  plugin, another kernel source, another launch plan, another fallback function, or, on a real
+  GPU, another major.minor of torch or cuBLAS. Patch versions never count.
 * **note**: worth knowing, not wrong: measured on another card of the same capability
   ("measured on NVIDIA H200"), by another version of the same plugin with the same kernel, or
   library versions that differ on a *simulated* device (whose libraries are not the ones that ran).
@@ -85,7 +86,7 @@ def fallback_identity(op: str) -> dict[str, str]:
 class Stamp(Record):
     """What a threshold was measured against: where, with which plugin and kernel, against which fallback."""
 
-    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date")
+    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date", "plan")
 
     #: The op whose threshold this is (an op-table name).
     op: str
@@ -102,6 +103,10 @@ class Stamp(Record):
     fallback: Mapping[str, str]
     #: When it was measured (ISO date), or "".
     date: str
+    #: Digest of the launches the plugin planned for the op's sweep grid (:func:`plan_digest`), or ""
+    #: when the sweep did not record one: a threshold holds for a launch plan (tile, grid, PDL) as
+    #: much as for a kernel source, and a plan can change while the source stays the same.
+    plan: str
 
     def __init__(
         self,
@@ -113,6 +118,8 @@ class Stamp(Record):
         kernel: str,
         fallback: Mapping[str, str] = MappingProxyType({}),
         date: str = "",
+        *,
+        plan: str = "",
     ) -> None:
         _set(self, "op", op)
         _set(self, "device", device)
@@ -122,6 +129,7 @@ class Stamp(Record):
         _set(self, "kernel", kernel)
         _set(self, "fallback", MappingProxyType(dict(fallback)))
         _set(self, "date", date)
+        _set(self, "plan", plan)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +141,7 @@ class Stamp(Record):
             "kernel": self.kernel,
             "fallback": dict(self.fallback),
             "date": self.date,
+            **({"plan": self.plan} if self.plan else {}),
         }
 
     @classmethod
@@ -147,6 +156,7 @@ class Stamp(Record):
                 kernel=str(d["kernel"]),
                 fallback={str(k): str(v) for k, v in dict(d.get("fallback", {})).items()},
                 date=str(d.get("date", "")),
+                plan=str(d.get("plan", "")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise SettingError(
@@ -154,9 +164,33 @@ class Stamp(Record):
             ) from None
 
 
-def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "") -> Stamp:
+def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "", *, plan: str = "") -> Stamp:
     """The stamp that a sweep run now, here, would write."""
-    return Stamp(op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date)
+    return Stamp(
+        op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date, plan=plan
+    )
+
+
+def plan_digest(op: str, spec: Any) -> str:
+    """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, every split-K choice and scale mode.
+
+    What a stamp records beside the kernel source: the same source launched with other tiles, grid
+    or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
+    """
+    import hashlib
+
+    d = OPS[op]
+    h = hashlib.sha256()
+    for m, n, k in d.grid:
+        for split_k in (True, False):
+            for mode in d.scale_modes:
+                try:
+                    la = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if d.scaled else {}))
+                    item: tuple[Any, ...] = (la.name_expression, tuple(la.grid), tuple(la.block), int(la.shared_bytes), bool(la.pdl))
+                except Exception as exc:  # noqa: BLE001 - a refusal is recorded, not raised
+                    item = ("refused", type(exc).__name__)
+                h.update(repr((m, n, k, split_k, mode, item)).encode())
+    return h.hexdigest()
 
 
 # --- comparing a stamp with what runs now --------------------------------------------------------
@@ -213,6 +247,12 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
         )
     elif stamp.kernel != now.kernel:
         stale.append(f"kernel source changed ({stamp.kernel[:12]} -> {now.kernel[:12]})")
+    if not stamp.plan:
+        unknown.append("launch plan: cannot tell (the stamp records none)")
+    elif not now.plan:
+        unknown.append("launch plan: cannot tell (no kernel for this op now)")
+    elif stamp.plan != now.plan:
+        stale.append(f"launch plan changed ({stamp.plan[:12]} -> {now.plan[:12]}): the kernel is launched differently now")
     fa, fb = stamp.fallback.get("function"), now.fallback.get("function")
     if fa and fb and fa != fb:
         stale.append(f"fallback function changed ({fa} -> {fb})")
@@ -274,18 +314,21 @@ class Staleness:
         self._now: dict[str, Stamp] = {}
         self.stale_shipped: list[tuple[str, Stamp, tuple[str, ...]]] = []
 
-    def now(self, op: str) -> Stamp:
-        if op not in self._now:
+    def now(self, op: str, *, plan: bool = False) -> Stamp:
+        """What a sweep would stamp now; the plan digest only when asked (it evaluates the plan over the grid)."""
+        key = f"{op}+plan" if plan else op
+        if key not in self._now:
             p = self.selection.plugin
             spec = self.kernels.get(op)
             digest = spec.source_digest(with_cuda_headers=False) if spec is not None else ""
-            self._now[op] = current(op, self.info, p.name if p else "", (p.version or "") if p else "", digest)
-        return self._now[op]
+            planned = plan_digest(op, spec) if plan and spec is not None else ""
+            self._now[key] = current(op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned)
+        return self._now[key]
 
     def compare(self, stamp: Stamp) -> Comparison:
         if stamp.op not in FALLBACK_FUNCTION:
             return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
-        return compare(stamp, self.now(stamp.op), real_gpu=not self.info.simulated)
+        return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan)), real_gpu=not self.info.simulated)
 
     def shipped(self, key: str, stamp: Any) -> str:
         """A plugin's measured threshold: a stale one is recorded (reported by :meth:`report`) and still used."""
