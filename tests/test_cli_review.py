@@ -102,3 +102,111 @@ def test_doctor_fails_on_a_kernel_cache_directory_the_cache_refuses(capsys: pyte
     main(["doctor", "--json"])
     (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "kernel cache"]
     assert check["status"] == "INFO"
+
+
+# --- an engine calling hwprofile in its own process: nothing of the process may change -----------
+
+
+def _child(code: str, env: dict[str, str] | None = None) -> str:
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    e = {k: v for k, v in os.environ.items() if k != "HWPROFILE_DEVICE"}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300, env={**e, **(env or {})})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip()
+
+
+def test_simulate_holds_for_one_in_process_call_only(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main([..., "--simulate", X])` used to leave HWPROFILE_DEVICE=X in the caller's environment (and its subprocesses')."""
+    import os
+
+    import hwprofile
+
+    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
+    assert cli.main(["show", "--simulate", "gb300"]) == 0 and "GB300" in capsys.readouterr().out
+    assert "HWPROFILE_DEVICE" not in os.environ
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    assert cli.main(["show", "--simulate", "gb300"]) == 0
+    assert os.environ["HWPROFILE_DEVICE"] == "h200" and hwprofile.profile().device.name == "NVIDIA H200"
+
+
+def test_a_closed_stdout_is_silenced_only_by_the_program() -> None:
+    """In-process, a broken pipe returns 0 and leaves the caller's fd 1 and fd table alone; the program
+    points its own stdout at /dev/null (so its final flush cannot fail) and leaks no descriptor."""
+    out = _child(
+        """
+        import io, os, sys
+        from hwprofile.cli import main
+        r, w = os.pipe(); os.close(r)
+        saved = os.dup(1); os.dup2(w, 1); os.close(w)
+        fds = sorted(os.listdir("/proc/self/fd")); ino = os.fstat(1).st_ino
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+        code = main(["show", "--simulate", "h200"])
+        same = (os.fstat(1).st_ino == ino, sorted(os.listdir("/proc/self/fd")) == fds)
+        code2 = main(["show", "--simulate", "h200"], program=True)
+        devnull = os.path.realpath(f"/proc/self/fd/1") == os.devnull
+        leak = sorted(os.listdir("/proc/self/fd")) != fds
+        os.dup2(saved, 1)
+        sys.stdout = sys.__stdout__
+        print(code, *same, code2, devnull, leak)
+        """,
+        {"HWPROFILE_DEVICE": ""},
+    )
+    assert out.split() == ["0", "True", "True", "0", "True", "False"]
+
+
+def test_an_in_process_pytest_run_gives_hwprofile_device_back(tmp_path: Path) -> None:
+    """The pytest plugin's --hwprofile-device must not outlive the run (pytest.main, pytester in-process)."""
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    out = _child(
+        f"""
+        import os, pytest, hwprofile
+        before = os.environ.get("HWPROFILE_DEVICE")
+        rc = pytest.main(["-q", "-p", "no:cacheprovider", "--hwprofile-device=h200", {str(tmp_path / "test_x.py")!r}])
+        print(int(rc), before, os.environ.get("HWPROFILE_DEVICE"))
+        """
+    )
+    assert out.splitlines()[-1].split() == ["0", "None", "None"]
+
+
+def test_sweep_plot_leaves_the_callers_matplotlib_alone(tmp_path: Path) -> None:
+    """plot() used matplotlib.use("Agg") and pyplot: it switched a notebook's backend and kept every figure open."""
+    pytest.importorskip("matplotlib")
+    out = _child(
+        f"""
+        import matplotlib
+        matplotlib.use("pdf")
+        import matplotlib.pyplot as plt
+        from hwprofile import sweep
+        ms = [{{"m": m, "n": 256, "k": 7168, "kernel_us": 3.0, "fallback_us": 7.0}} for m in (1, 2, 4)]
+        doc = {{"stamp": {{"op": "router_gemm", "device": "NVIDIA H200", "fallback": {{"function": "torch.mm", "torch": "2.11"}}}},
+               "measurements": ms, "thresholds": {{"router_gemm.max_tokens": 4}}}}
+        for i in range(3):
+            sweep.plot(doc, __import__("pathlib").Path({str(tmp_path)!r}) / f"p{{i}}.png")
+        print(matplotlib.get_backend(), len(plt.get_fignums()))
+        """
+    )
+    assert out.split() == ["pdf", "0"]
+    assert (tmp_path / "p2.png").stat().st_size > 1000
+
+
+def test_version_into_a_closed_pipe_exits_quietly() -> None:
+    """`hwprofile --version | head -1`: argparse prints the version itself, inside main's handling of a closed pipe."""
+    out = _child(
+        """
+        import io, os, sys
+        from hwprofile.cli import console
+        r, w = os.pipe(); os.close(r); os.dup2(w, 1); os.close(w)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+        sys.argv = ["hwprofile", "--version"]
+        try:
+            console()
+        except SystemExit as e:
+            assert e.code == 0, e.code  # before: a BrokenPipeError traceback escaped from argparse's print
+        """
+    )
+    assert out == ""

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+_SAVED_ENV = pytest.StashKey[str | None]()  # HWPROFILE_DEVICE before --hwprofile-device set it
 SIMULATE_ENV = "HWPROFILE_DEVICE"  # hwprofile.device.SIMULATE_ENV; not imported here so that loading pytest imports no hwprofile
 
 
@@ -47,7 +48,22 @@ def pytest_configure(config: pytest.Config) -> None:
         device.simulated_detection(name)
     except DeviceError as exc:
         raise pytest.UsageError(f"--hwprofile-device={name}: {exc}") from None
+    config.stash[_SAVED_ENV] = os.environ.get(SIMULATE_ENV)
     os.environ[SIMULATE_ENV] = name
+    from hwprofile.profiles import reset
+
+    reset()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give the process its own HWPROFILE_DEVICE back (an in-process ``pytest.main`` must not leak it)."""
+    if _SAVED_ENV not in config.stash:
+        return
+    before = config.stash[_SAVED_ENV]
+    if before is None:
+        os.environ.pop(SIMULATE_ENV, None)
+    else:
+        os.environ[SIMULATE_ENV] = before
     from hwprofile.profiles import reset
 
     reset()

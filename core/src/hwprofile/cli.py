@@ -565,14 +565,22 @@ def build_parser() -> argparse.ArgumentParser:
 TRACEBACK_ENV = "HWPROFILE_TRACEBACK"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     """Run one command. Bad input or a broken environment ends in one line on stderr and a non-zero exit:
     2 for a hwprofile error (bad name, plugin, setting, kernel), 1 for the system refusing (full disk,
-    unwritable path), 3 for anything unexpected (a bug: ``HWPROFILE_TRACEBACK=1`` shows where)."""
-    args = build_parser().parse_args(argv)
+    unwritable path), 3 for anything unexpected (a bug: ``HWPROFILE_TRACEBACK=1`` shows where).
+
+    An engine may call it in its own process: ``--simulate`` then holds for this call only (the
+    caller's ``HWPROFILE_DEVICE`` and profiles are restored after it), and only the ``hwprofile``
+    program itself (``program=True``, :func:`console`) points a failed stdout at /dev/null.
+    """
+    simulate = None
+    before = os.environ.get("HWPROFILE_DEVICE")
     try:
-        if getattr(args, "simulate", None):
-            os.environ["HWPROFILE_DEVICE"] = args.simulate
+        args = build_parser().parse_args(argv)  # --version prints here: a closed pipe is handled below too
+        simulate = getattr(args, "simulate", None)
+        if simulate:
+            os.environ["HWPROFILE_DEVICE"] = simulate
             from .profiles import reset
 
             reset()
@@ -580,13 +588,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a full disk or a closed pipe shows up here, not at exit
         return code
     except BrokenPipeError:  # `hwprofile show | head`: the reader left; that is not an error
-        _silence_stdout()
+        if program:
+            _silence_stdout()
         return 0
     except HwprofileError as exc:
         return _fail(f"error: {exc}", 2)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
-        if exc.filename is None:
+        if exc.filename is None and program:
             _silence_stdout()  # most likely stdout itself failed (a full disk): do not fail again at exit
         return _fail(f"error: {exc.strerror or exc}{where}; check the path, its permissions and free space", 1)
     except KeyboardInterrupt:
@@ -595,14 +604,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(TRACEBACK_ENV):
             raise
         return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {TRACEBACK_ENV}=1 to see where", 3)
+    finally:
+        if simulate:
+            if before is None:
+                os.environ.pop("HWPROFILE_DEVICE", None)
+            else:
+                os.environ["HWPROFILE_DEVICE"] = before
+            from .profiles import reset
+
+            reset()  # the caller's next profile() sees its own environment again
+
+
+def console() -> None:
+    """The ``hwprofile`` program (console script): :func:`main`, then exit with its status."""
+    sys.exit(main(program=True))
 
 
 def _silence_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again (the program only)."""
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        fd = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(fd, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+    finally:
+        os.close(fd)
 
 
 def _fail(msg: str, code: int) -> int:
@@ -614,4 +643,4 @@ def _fail(msg: str, code: int) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()

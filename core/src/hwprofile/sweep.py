@@ -315,15 +315,17 @@ def write(doc: dict[str, Any], path: Path) -> Path | None:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Latency against M (router, linear) or N (GEMV, per K) for kernel and fallback, threshold marked."""
-    import matplotlib
+    """Latency against M (router, linear) or N (GEMV, per K) for kernel and fallback, threshold marked.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    The figure is built without pyplot: no backend switch and no figure left registered in the
+    caller's process (a notebook keeps its own backend).
+    """
+    from matplotlib.figure import Figure
 
     op = doc["stamp"]["op"]
     ms = doc["measurements"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     if doc["thresholds"].get(f"{op}.max_tokens") is not None:
         for n in sorted({r["n"] for r in ms}):
             rs = [r for r in ms if r["n"] == n]
