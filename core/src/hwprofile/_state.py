@@ -1,6 +1,7 @@
 """Process state: every module-level cache or memo registers here how to forget itself.
 
-Never imports anything and never runs a callback at import: registering costs a dict insert.
+Never runs a callback at import: registering costs a dict insert (or, for a fork callback, one
+``os.register_at_fork``).
 
 ``hwprofile.reset()`` calls :func:`reset_all`, so one call forgets everything the process remembered
 (profiles, the registry, detected devices, directory listings, source digests, compiled-kernel memos,
@@ -27,6 +28,19 @@ def on_reset(fn: _F) -> _F:
     else:
         key = f"{owner.__module__}.{owner.__qualname__}.{fn.__name__}"
     _callbacks[key] = fn
+    return fn
+
+
+def in_forked_child(fn: _F) -> _F:
+    """Register ``fn`` (no arguments) to run in the child after every ``os.fork()``; usable as a decorator.
+
+    Where a module re-creates the locks it guards its memos with: a thread of the parent may have
+    held one at the fork, and that thread does not exist in the child, which would wait forever.
+    """
+    import os
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=fn)
     return fn
 
 

@@ -117,13 +117,11 @@ _loaded: dict[tuple[str, str, int, tuple[type, ...]], LoadedKernel] = {}
 _memo_lock = threading.Lock()
 
 
+@_state.in_forked_child
 def _reinit_locks_in_child() -> None:
     global _memo_lock
     _memo_lock = threading.Lock()  # a thread of the parent may have held it at the fork; it does not exist here
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_locks_in_child)
 
 
 def compile_spec(spec: KernelSpec, target: str, expressions: Sequence[str] | None = None) -> CompiledKernel:

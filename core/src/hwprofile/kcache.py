@@ -234,13 +234,11 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
+@_state.in_forked_child
 def _reinit_locks_in_child() -> None:
     global _warned_lock
     _warned_lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_locks_in_child)
 
 
 def _warn_once(what: str, msg: str, *args: Any) -> None:

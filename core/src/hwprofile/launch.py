@@ -11,7 +11,6 @@ cuda-python and torch are imported only when a module is loaded.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -139,13 +138,11 @@ _modules: dict[tuple[str, int], Any] = {}
 _modules_lock = threading.Lock()
 
 
+@_state.in_forked_child
 def _reinit_locks_in_child() -> None:
     global _modules_lock
     _modules_lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_locks_in_child)
 
 
 def load_function(key: str, cubin: bytes, lowered_name: str, device_index: int, *, what: str) -> Any:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 import sys
 import threading
 import warnings
@@ -240,6 +239,7 @@ _generation = 0  # bumped (under _tables_lock) whenever tables or memos are drop
 _profiles = _profile_mod._profiles
 
 
+@_state.in_forked_child
 def _reinit_locks_in_child() -> None:
     global _tables_lock, _register_lock
     # a thread of the parent may have held them at the fork (a table build waits on profile()); it
@@ -247,9 +247,6 @@ def _reinit_locks_in_child() -> None:
     _tables_lock = threading.RLock()
     _register_lock = threading.Lock()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reinit_locks_in_child)
 
 
 def _table(index: int) -> _Table:
