@@ -194,19 +194,34 @@ def test_sweep_plot_leaves_the_callers_matplotlib_alone(tmp_path: Path) -> None:
     assert (tmp_path / "p2.png").stat().st_size > 1000
 
 
-def test_version_into_a_closed_pipe_exits_quietly() -> None:
-    """`hwprofile --version | head -1`: argparse prints the version itself, inside main's handling of a closed pipe."""
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["show", "--help"]])
+def test_argparse_output_into_a_closed_pipe_exits_quietly(argv: list[str]) -> None:
+    """`hwprofile --version | head -1`: argparse prints and exits itself, its text still in stdout's
+    buffer; the program must flush it and end with status 0, not the interpreter's "Exception
+    ignored ... BrokenPipeError" and 120. stdout is buffered here, as it is for a pipe."""
+    import os
+
     out = _child(
-        """
+        f"""
         import io, os, sys
         from hwprofile.cli import console
         r, w = os.pipe(); os.close(r); os.dup2(w, 1); os.close(w)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-        sys.argv = ["hwprofile", "--version"]
-        try:
-            console()
-        except SystemExit as e:
-            assert e.code == 0, e.code  # before: a BrokenPipeError traceback escaped from argparse's print
-        """
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))  # buffered, like a pipe
+        sys.argv = ["hwprofile", *{argv!r}]
+        console()
+        """,
+        {"PYTHONUNBUFFERED": ""} if "PYTHONUNBUFFERED" in os.environ else None,
     )
     assert out == ""
+
+
+def test_in_process_main_keeps_the_callers_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine calling main() must get its KeyboardInterrupt back; only the program turns it into status 130."""
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_show", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["show"])
+    assert cli.main(["show"], program=True) == 130

@@ -47,7 +47,7 @@ def stamp(**changes: object) -> tuning.Stamp:
         ({"kernel": "j" * 64}, True, ["kernel source changed"], [], []),
         ({"kernel": ""}, True, [], [], ["kernel source: cannot tell"]),
         ({"plan": "q" * 64}, True, ["launch plan changed"], [], []),  # same source, launched differently
-        ({"plan": ""}, True, [], [], ["launch plan: cannot tell (no kernel for this op now)"]),
+        ({"plan": ""}, True, [], [], ["launch plan: cannot tell (none to compare with here"]),
     ],
 )
 def test_compare_sorts_differences(now: dict[str, object], real: bool, stale: list[str], notes: list[str], unknown: list[str]) -> None:
@@ -316,3 +316,20 @@ def test_a_tuned_value_goes_stale_when_the_launch_plan_changes_and_the_source_do
     hwprofile.reset()
     r = hwprofile.profile().explain("gemv.max_n")
     assert r.value != 2048 and not r.chain[-1].applied and "launch plan changed" in r.chain[-1].stale
+
+
+def test_plan_digest_records_refusals_but_not_a_runaway_configure() -> None:
+    """A shape the plan refuses is part of the plan; a configure that recurses (say, into profile()) is a bug, raised."""
+
+    class Spec:
+        plugin, package, source, instances = "t", "t", "t.cu", ()
+
+        def __init__(self, exc: BaseException) -> None:
+            self.exc = exc
+
+        def configure(self, **kw: object) -> object:
+            raise self.exc
+
+    assert len(tuning.plan_digest("gemv", Spec(ValueError("no")))) == 64
+    with pytest.raises(RecursionError):
+        tuning.plan_digest("router_gemm", Spec(RecursionError("deep")))

@@ -248,7 +248,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
             print(
                 f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, "
-                f"kernel {st.kernel[:12]}, against {fb}"
+                f"kernel {st.kernel[:12]}{f', plan {st.plan[:12]}' if st.plan else ''}, against {fb}"
             )
             c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
             for what in c.stale:
@@ -599,6 +599,8 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
             _silence_stdout()  # most likely stdout itself failed (a full disk): do not fail again at exit
         return _fail(f"error: {exc.strerror or exc}{where}; check the path, its permissions and free space", 1)
     except KeyboardInterrupt:
+        if not program:
+            raise  # an engine calling main() in its own process keeps its Ctrl-C
         return _fail("interrupted", 130)
     except Exception as exc:
         if os.environ.get(TRACEBACK_ENV):
@@ -616,8 +618,21 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
 
 
 def console() -> None:
-    """The ``hwprofile`` program (console script): :func:`main`, then exit with its status."""
-    sys.exit(main(program=True))
+    """The ``hwprofile`` program (console script): :func:`main`, then exit with its status.
+
+    argparse's own exits (``--help``, ``--version``, a usage error) leave their text in stdout's
+    buffer; it is flushed here, so a closed pipe (``hwprofile --version | head -1``) ends quietly
+    instead of in the interpreter's "Exception ignored ... BrokenPipeError" and status 120.
+    """
+    try:
+        code: int | str | None = main(program=True)
+    except SystemExit as exc:
+        code = exc.code
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence_stdout()
+    sys.exit(code)
 
 
 def _silence_stdout() -> None:

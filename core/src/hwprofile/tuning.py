@@ -141,7 +141,7 @@ class Stamp(Record):
             "kernel": self.kernel,
             "fallback": dict(self.fallback),
             "date": self.date,
-            **({"plan": self.plan} if self.plan else {}),
+            "plan": self.plan,
         }
 
     @classmethod
@@ -171,12 +171,30 @@ def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kerne
     )
 
 
+_plans: dict[tuple[Any, ...], str] = {}  # plan_digest per (op, kernel spec identity); reset() clears it
+
+
+@_state.on_reset
+def _forget_plans() -> None:
+    _plans.clear()
+
+
 def plan_digest(op: str, spec: Any) -> str:
     """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, every split-K choice and scale mode.
 
     What a stamp records beside the kernel source: the same source launched with other tiles, grid
     or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
+    Memoised per spec until ``hwprofile.reset()`` (a plan is a pure function of the shape).
     """
+    key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
+           tuple(getattr(spec, "instances", ())))
+    found = _plans.get(key)
+    if found is None:
+        found = _plans[key] = _plan_digest(op, spec)
+    return found
+
+
+def _plan_digest(op: str, spec: Any) -> str:
     import hashlib
 
     d = OPS[op]
@@ -186,7 +204,11 @@ def plan_digest(op: str, spec: Any) -> str:
             for mode in d.scale_modes:
                 try:
                     la = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if d.scaled else {}))
-                    item: tuple[Any, ...] = (la.name_expression, tuple(la.grid), tuple(la.block), int(la.shared_bytes), bool(la.pdl))
+                    item: tuple[Any, ...] = (
+                        str(la.name_expression), tuple(map(int, la.grid)), tuple(map(int, la.block)), int(la.shared_bytes), bool(la.pdl)
+                    )
+                except RecursionError:
+                    raise  # a configure that resolves profiles: a bug of the plugin, not a refusal
                 except Exception as exc:  # noqa: BLE001 - a refusal is recorded, not raised
                     item = ("refused", type(exc).__name__)
                 h.update(repr((m, n, k, split_k, mode, item)).encode())
@@ -250,7 +272,7 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
     if not stamp.plan:
         unknown.append("launch plan: cannot tell (the stamp records none)")
     elif not now.plan:
-        unknown.append("launch plan: cannot tell (no kernel for this op now)")
+        unknown.append("launch plan: cannot tell (none to compare with here: no kernel for this op, or not computed)")
     elif stamp.plan != now.plan:
         stale.append(f"launch plan changed ({stamp.plan[:12]} -> {now.plan[:12]}): the kernel is launched differently now")
     fa, fb = stamp.fallback.get("function"), now.fallback.get("function")
