@@ -98,7 +98,6 @@ class _Route:
 
     __slots__ = (
         "counts",
-        "fp32_out",
         "k_multiple",
         "max_k",
         "max_m",
@@ -132,7 +131,6 @@ class _Route:
         self.k_multiple = math.lcm(val(op.k_multiple), op.k_vec)  # the kernels' 16-byte loads need k_vec too
         self.roof_lo, self.roof_hi = (val(op.roof[0]), val(op.roof[1])) if op.roof else (0, 0)
         self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
-        self.fp32_out = op.out_dtype != op.x_dtype  # which unscaled fallback: torch.mm with fp32 output, or F.linear
 
 
 def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
@@ -556,11 +554,17 @@ def _dispatch(memo: dict[tuple[int, int, int, int], Any], idx: int, op: str, x: 
                 r.counts["kernel"] += 1
                 return res
     r.counts["fallback"] += 1
-    if gate == "empty":
-        return x.new_zeros((m, n), dtype=_DTYPES[op][2])
+    return _fallback(op, gate == "empty", x, w, scale, m, n, mode)
+
+
+def _fallback(op: str, empty: bool, x: Any, w: Any, scale: Any, m: int, n: int, mode: int) -> Any:
+    """The contract's torch computation of a checked 2-D call (zeros for an empty problem)."""
+    xdt, _, odt = _DTYPES[op]
+    if empty:
+        return x.new_zeros((m, n), dtype=odt)
     if mode != NO_SCALE:
         return _fp8_fallback(x, w, scale)
-    if r.fp32_out:
+    if odt is not xdt:
         return _mm_fp32(x, w)
     return _F_linear(x, w)  # _linear, without one Python call
 
@@ -576,9 +580,7 @@ def _run(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> Any:
     if idx < 0:
         idx = _cpu_index
     if idx < 0:  # CPU tensors: torch's own implementation, no dispatch table
-        res = x.new_zeros((m, n), dtype=_DTYPES[op.name][2]) if not (m and n and k) else (
-            _fp8_fallback(x2, w, scale) if mode != NO_SCALE else _mm_fp32(x2, w) if op.out_dtype != op.x_dtype else _F_linear(x2, w)
-        )
+        res = _fallback(op.name, not (m and n and k), x2, w, scale, m, n, mode)
     else:
         o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
         res = _dispatch(_memos[op.name], idx, op.name, x2, w, scale, m, n, k, mode, o2)
@@ -597,7 +599,8 @@ def _front(op: OpDef, general: Callable[..., Any]) -> Callable[..., Any]:
     a scaled op, an fp32 scale per tensor or per row on that device. An op may cost at most 1 µs
     more than its fallback (benchmarks/RESULTS.md, "Ops in an engine"), so checking that call is a
     few tensor attribute reads (devices compared as integer indices: CPU and meta tensors have -1),
-    one memo lookup for the route, and the fallback called from here. Anything else, or anything
+    one memo lookup for the route, and, for the unscaled (host-bound) ops, the fallback called from
+    here; fp8_gemv goes through :func:`_dispatch` (its fallback costs ~50 µs). Anything else, or anything
     wrong, goes through ``general`` (the documented function), which validates and says what.
     """
     name = op.name
@@ -628,15 +631,8 @@ def _front(op: OpDef, general: Callable[..., Any]) -> Callable[..., Any]:
                     fast = k == wk and x.dtype is xdt and w.dtype is wdt and scale.dtype is f32 and mode and idx >= 0
                 except (AttributeError, ValueError, TypeError):
                     fast = False
-                if fast:  # routed inline, as the unscaled ops below
-                    hit = memo.get((idx, m, n, k))
-                    _, r, gate = hit if hit is not None else _remember(memo, idx, name, m, n, k)
-                    if gate is None:
-                        return _dispatch(memo, idx, name, x, w, scale, m, n, k, mode, None)
-                    r.counts["fallback"] += 1  # _dispatch's fallback tail, without its call
-                    if gate == "empty":
-                        return x.new_zeros((m, n), dtype=odt)
-                    return _fp8_fallback(x, w, scale)
+                if fast:  # its fallback costs ~50 µs: _dispatch's one more call does not show
+                    return _dispatch(memo, idx, name, x, w, scale, m, n, k, mode, None)
             return general(x, w, scale, out=out)
 
     else:
