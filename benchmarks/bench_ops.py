@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import hwprofile
-from hwprofile import jit, ops
+from hwprofile import ops
+from hwprofile.kernels import _pipeline as jit
 from hwprofile.sweep import replay_times
 
 OUT = Path(os.environ.get("OUT", "out"))

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_ops import OUT, copies_for, graph_time
 
 import hwprofile
-from hwprofile import jit, ops
-from hwprofile.jit import Launch
+from hwprofile import ops
+from hwprofile.kernels import Launch
+from hwprofile.kernels import _pipeline as jit
 
 dev = torch.device("cuda:0")
 prof = hwprofile.profile(0)
@@ -163,7 +164,7 @@ def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps
 
 def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
     """The shared SIMT body as the previous version planned it (split-K over a 2-block cluster below 3 groups per SM)."""
-    from hwprofile.skinny import plan
+    from hwprofile.kernels.skinny_gemm import plan
     from hwprofile_sm90.planning import tuning
 
     return plan(tuning(SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .device import DeviceInfo, detect
     from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError
     from .hookspecs import hookimpl
-    from .kernelspec import KernelSpec, Launch
+    from .kernels.spec import KernelSpec, Launch
     from .profiles import Profile, profile, reset
     from .registry import ArchSpec, PluginInfo
     from .settings import EnvDefault, ResolvedSetting, Setting, Value
@@ -60,8 +60,8 @@ _LAZY = {
     "EnvDefault": "settings",
     "HwprofileError": "errors",
     "KernelError": "errors",
-    "KernelSpec": "kernelspec",
-    "Launch": "kernelspec",
+    "KernelSpec": "kernels.spec",
+    "Launch": "kernels.spec",
     "PluginError": "errors",
     "PluginInfo": "registry",
     "Profile": "profiles",

@@ -20,6 +20,13 @@ from typing import Any, NamedTuple
 
 from . import _state
 
+_SEPARATORS = re.compile(r"[-_.]+")
+
+
+def _normalise(name: str) -> str:
+    """A distribution name as PEP 503 compares them: ``jaraco.functools`` is ``jaraco-functools`` is ``Jaraco_Functools``."""
+    return _SEPARATORS.sub("-", name).lower()
+
 
 class EntryPoint(NamedTuple):
     """One entry point of a group, with the distribution that declares it."""
@@ -77,7 +84,7 @@ def find_entry_points(group: str) -> list[EntryPoint]:
         return _entry_points_slow(group)  # zip imports: let importlib.metadata handle them
     header = f"[{group}]"
     for entry, d, meta in _metadata_dirs():
-        dist = meta[0].replace("_", "-").lower()
+        dist = _normalise(meta[0])
         if dist in seen_dists:
             continue  # shadowed by an earlier sys.path entry, as importlib.metadata does
         seen_dists.add(dist)
@@ -152,7 +159,7 @@ def installed_version(*names: str) -> str | None:
     """
     index = _dist_index()
     for name in names:
-        v = index.get(name.replace("_", "-").lower())
+        v = index.get(_normalise(name))
         if v is not None:
             return v
     return None
@@ -167,7 +174,7 @@ def _dist_index() -> dict[str, str]:
         found: dict[str, str] = {}
         for _, _d, meta in _metadata_dirs():
             if meta[2] == "METADATA":
-                found.setdefault(meta[0].replace("_", "-").lower(), meta[1] or "")
+                found.setdefault(_normalise(meta[0]), meta[1] or "")
         _dist_cache = found
     return _dist_cache
 

@@ -295,7 +295,7 @@ def _check_compile_environment(reg: Any) -> None:
     Invalid control values (``HWPROFILE_CACHE``, ``HWPROFILE_STRICT``, ...) are one error here, not one per
     kernel instance; unknown ``HWPROFILE_*`` names warn once, against every installed plugin's settings.
     """
-    from . import kcache
+    from .kernels import cache as kcache
     from .settings import CORE_SETTINGS, SettingsResolver, check_environment
 
     resolver = SettingsResolver()
@@ -310,7 +310,7 @@ def _check_compile_environment(reg: Any) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from . import jit
+    from . import kernels
     from .device import DeviceInfo
     from .profiles import registry
 
@@ -338,11 +338,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return 0
     _check_compile_environment(reg)  # the control variables and typos profile() would check, once
     try:  # once, before any kernel: a missing NVRTC is one line, not one error per kernel instance
-        jit.check_toolchain()
+        kernels.check_toolchain()
     except ToolchainError as exc:
         raise HwprofileError(f"cannot compile: {exc}") from None
     t0 = time.perf_counter()
-    reports = jit.compile_all(work, args.jobs, _progress(not args.json, 60))
+    reports = kernels.compile_all(work, args.jobs, _progress(not args.json, 60))
     failed = [r for r in reports if r.errors]
     if args.json:
         out = [
@@ -376,7 +376,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     import stat
 
-    from . import kcache
+    from .kernels import cache as kcache
 
     if args.action == "clear":
         report = kcache.clear()

@@ -285,9 +285,9 @@ def _text(v: Any) -> str:
 
 def _nvrtc() -> tuple[str, str]:
     try:
-        from . import jit
+        from . import kernels
 
-        major, minor = jit.nvrtc_version()
+        major, minor = kernels.nvrtc_version()
     except Exception as exc:  # noqa: BLE001 - a missing toolchain is a value to compare, not a failure here
         return "unavailable", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
     from .registry import installed_version

@@ -63,7 +63,7 @@ def _torch() -> tuple[str | None, str | None]:
 
 def collect() -> Report:
     """The whole report; :func:`run_checks` is its ``checks``."""
-    from . import __version__, device, jit
+    from . import __version__, device, kernels
     from ._entrypoints import find_entry_points
     from .registry import ENTRY_POINT_GROUP, installed_version
 
@@ -82,7 +82,7 @@ def collect() -> Report:
         if found is not None:
             v[w] = found
     try:
-        nv = jit.nvrtc_version()
+        nv = kernels.nvrtc_version()
         v["nvrtc"] = f"{nv[0]}.{nv[1]}"
     except Exception as exc:  # noqa: BLE001 - reported by the checks
         nv = None
@@ -101,18 +101,18 @@ def collect() -> Report:
 
 
 def _paths(det: Any) -> dict[str, str | None]:
-    from . import jit, tuning
+    from . import kernels, tuning
 
     out: dict[str, str | None] = {}
     try:
-        out["kernel cache"] = f"{jit.cache_dir(create=False)}{'' if jit.cache_enabled() else ' (disabled by HWPROFILE_CACHE)'}"
+        out["kernel cache"] = f"{kernels.cache_dir(create=False)}{'' if kernels.cache_enabled() else ' (disabled by HWPROFILE_CACHE)'}"
     except Exception as exc:  # noqa: BLE001 - a refused cache dir is part of the report
         out["kernel cache"] = f"unusable: {exc}"
     out["config"] = tuning.config_dir(os.environ)
     for d in det.devices:
         out[f"tuned files, device {d.index}"] = str(tuning.tuned_dir(d, os.environ))
     try:
-        out["cuda headers"] = jit.cuda_headers()[0]
+        out["cuda headers"] = kernels.cuda_headers()[0]
     except Exception as exc:  # noqa: BLE001
         out["cuda headers"] = f"not found ({exc})"
     return out
@@ -120,7 +120,7 @@ def _paths(det: Any) -> dict[str, str | None]:
 
 def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> list[Check]:
     """FAIL only for what compiling or running kernels needs and is broken."""
-    from . import jit
+    from . import kernels
 
     out: list[Check] = []
     if det.devices:
@@ -149,8 +149,8 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
     if nv is None:
         out.append(Check("nvrtc", "FAIL", "NVRTC is not usable", "pip install 'hwprofile[cu13]' (nvidia-cuda-nvrtc) or 'hwprofile[cu12]'"))
         return out
-    out.append(Check("nvrtc", "OK", f"NVRTC {nv[0]}.{nv[1]}, targets sm_{', sm_'.join(map(str, jit.nvrtc_archs()))}"))
-    cudart, problem = jit.cuda_headers()
+    out.append(Check("nvrtc", "OK", f"NVRTC {nv[0]}.{nv[1]}, targets sm_{', sm_'.join(map(str, kernels.nvrtc_archs()))}"))
+    cudart, problem = kernels.cuda_headers()
     if problem:
         out.append(Check("headers", "FAIL", problem, f"pip install 'hwprofile[cu{nv[0]}]'"))
     elif cudart and all(os.path.isfile(os.path.join(cudart, h)) for h in ("cuda_bf16.h", "cuda_fp8.h")):
@@ -159,7 +159,7 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
         out.append(Check("headers", "FAIL", f"cuda_bf16.h or cuda_fp8.h missing from {cudart}", f"pip install 'hwprofile[cu{nv[0]}]'"))
     real = [d for d in det.devices if not d.simulated]
     if real:
-        problem = jit.check_driver_for_nvrtc(real[0].cuda_driver_version)
+        problem = kernels.check_driver_for_nvrtc(real[0].cuda_driver_version)
         out.append(
             Check(
                 "nvrtc vs driver",
@@ -188,13 +188,13 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
 def _cache_check() -> Check:
     """The kernel cache: a directory the cache refuses (shared, foreign, a link, not a directory) makes
     every kernel load fail, so it is a FAIL; an absent one is created on the first compile."""
-    from . import jit
+    from . import kernels
     from .errors import CacheError
 
-    if not jit.cache_enabled():
+    if not kernels.cache_enabled():
         return Check("kernel cache", "INFO", "disabled by HWPROFILE_CACHE: every process compiles its kernels")
     try:
-        path = jit.cache_dir(create=False)
+        path = kernels.cache_dir(create=False)
     except CacheError as exc:
         return Check("kernel cache", "FAIL", str(exc), "see detail")
     return Check("kernel cache", "OK", f"{path}{'' if path.is_dir() else ' (created on the first compile)'}")

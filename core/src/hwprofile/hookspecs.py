@@ -45,7 +45,7 @@ import pluggy
 if TYPE_CHECKING:
     from .catalog import CatalogEntry
     from .device import DeviceInfo
-    from .kernelspec import KernelSpec
+    from .kernels.spec import KernelSpec
     from .registry import ArchSpec
     from .settings import EnvDefault, Setting
 

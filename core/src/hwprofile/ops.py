@@ -327,12 +327,12 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int) -> Callab
     spec = t.prof.kernels[op]
     try:
         launch = spec.configure(m=m, n=n, k=k, split_k=t.split_k, **({"scale": scale_mode} if OPS[op].scaled else {}))
-        from . import jit
+        from . import kernels
 
         target = t.prof.target
         if target is None:
             raise KernelError(f"{op}: the profile of device {t.index} has no NVRTC target")
-        kern = jit.load(spec, target, launch, t.index, _ARG_TYPES)
+        kern = kernels.load(spec, target, launch, t.index, _ARG_TYPES)
     except KernelError as exc:
         if t.strict:
             raise

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 from .catalog import CatalogEntry
 from .device import DeviceInfo
 from .hookspecs import hookimpl
-from .kernelspec import KernelSpec, Launch
+from .kernels.skinny_gemm import ArchTuning, kernel_specs
+from .kernels.spec import KernelSpec, Launch
 from .registry import ArchSpec, PluginInfo
 from .settings import EnvDefault, Setting, Value
-from .skinny import ArchTuning, kernel_specs
 from .tuning import Stamp
 
 if TYPE_CHECKING:
-    from .jit import CompiledKernel
+    from .kernels import CompiledKernel
     from .profiles import Profile
 
 __all__ = [
@@ -72,6 +72,6 @@ def compile_kernel(spec: KernelSpec, target: str) -> CompiledKernel:
 
     Needs ``hwprofile[cu13]`` (or ``[cu12]``): a missing NVRTC is a ``ToolchainError`` that says so.
     """
-    from .jit import compile_spec
+    from .kernels import compile_spec
 
     return compile_spec(spec, target)

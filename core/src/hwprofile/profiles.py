@@ -21,7 +21,7 @@ from ._record import Record, _set, final
 from .errors import PluginError, SettingError
 
 if TYPE_CHECKING:  # imported inside functions: a first profile() loads them while NVML starts (_first_profile)
-    from .kernelspec import KernelSpec
+    from .kernels.spec import KernelSpec
     from .registry import PluginInfo, Registry, Selection
     from .settings import ResolvedEnvDefault, ResolvedSetting
 
@@ -317,7 +317,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     selection = reg.select(info)
     kernels: dict[str, Any] = {}
     if selection.target is not None:
-        from .kernelspec import collect_kernels
+        from .kernels.spec import collect_kernels
 
         kernels = collect_kernels(reg, selection, info)
 

@@ -19,7 +19,7 @@ from ._record import Record, _set, final
 from .errors import SettingError
 
 if TYPE_CHECKING:
-    from .stamps import Stamp
+    from .tuning import Stamp
 
 #: A setting's type, as declared.
 SettingType = Literal["bool", "int", "float", "str", "enum"]

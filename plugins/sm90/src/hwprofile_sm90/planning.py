@@ -19,9 +19,9 @@ from __future__ import annotations
 from functools import partial
 
 from hwprofile import optable
+from hwprofile.kernels.skinny_gemm import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES
+from hwprofile.kernels.skinny_gemm import plan as shared_plan
 from hwprofile.plugin import ArchTuning, KernelSpec, Launch
-from hwprofile.skinny import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES
-from hwprofile.skinny import plan as shared_plan
 
 SOURCE = "kernels/sm90_gemv.cu"
 SM_COUNT = 132  # H100 SXM and H200; an H100 PCIe (114 SMs) gets the same, still correct, plans

@@ -1,0 +1,139 @@
+"""The plugin-author API (hwprofile.plugin) and the hook-call order that selection and layering rely on."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+import hwprofile
+from hwprofile import plugin
+from hwprofile.errors import PluginError
+from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
+from hwprofile.profiles import build_profile
+from hwprofile.registry import Registry
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _recorder(name: str, calls: list[tuple[str, str]], arch: ArchSpec | None = None, **marks: bool) -> object:
+    """A plugin whose every hook records (hook, plugin name) and contributes something visible.
+
+    ``marks`` (tryfirst / trylast) go on every hook: pluggy orders each hook's implementations apart.
+    """
+
+    class P:
+        if arch is not None:
+
+            @hookimpl
+            def hwprofile_arch(self) -> ArchSpec:
+                calls.append(("hwprofile_arch", name))
+                return arch
+
+        @hookimpl(**marks)
+        def hwprofile_declare_settings(self) -> list[Setting]:
+            calls.append(("hwprofile_declare_settings", name))
+            return [Setting(f"{name}.seen", "str", "", "what this plugin saw of the layers below")]
+
+        @hookimpl(**marks)
+        def hwprofile_settings(self, device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
+            calls.append(("hwprofile_settings", name))
+            below = resolved["router_gemm.max_tokens"]
+            return {"router_gemm.max_tokens": Value(below - 1, f"{name} takes one off"), f"{name}.seen": str(below)}
+
+        @hookimpl(**marks)
+        def hwprofile_env_defaults(self, device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+            calls.append(("hwprofile_env_defaults", name))
+            return {"WHO": EnvDefault(name, "last writer wins")}
+
+        @hookimpl(**marks)
+        def hwprofile_kernels(self, device: DeviceInfo, target: str) -> list[KernelSpec]:
+            calls.append(("hwprofile_kernels", name))
+            return []
+
+    return P()
+
+
+def test_hook_call_order_that_selection_and_layering_rely_on() -> None:
+    calls: list[tuple[str, str]] = []
+    reg = Registry({})
+    # Registration order differs from layer order on purpose: pluggy ranks trylast < plain < tryfirst.
+    reg.register(_recorder("first", calls, tryfirst=True), "first")
+    reg.register(_recorder("arch", calls, ArchSpec({(9, 0): "sm_90a"})), "arch")
+    reg.register(_recorder("other", calls, ArchSpec({(10, 0): "sm_100a"})), "other")
+    reg.register(_recorder("plain", calls), "plain")
+    reg.register(_recorder("last", calls, trylast=True), "last")
+    assert calls == [("hwprofile_arch", "arch"), ("hwprofile_arch", "other")]  # at registration, once each
+    calls.clear()
+    environ = {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "3"}
+    prof = build_profile(plugin.simulated_device((9, 0)), reg, environ)
+    layers = ["arch", "last", "plain", "first"]  # the other arch plugin never takes part
+    assert calls == (
+        [("hwprofile_kernels", p) for p in layers]  # first: kernel digests decide staleness of measured values
+        + [("hwprofile_declare_settings", p) for p in layers]
+        + [("hwprofile_settings", p) for p in layers]
+        + [("hwprofile_env_defaults", p) for p in layers]
+    )
+    assert [prof[f"{p}.seen"] for p in layers] == ["16", "15", "14", "13"]  # each layer saw the one below it
+    chain = prof.explain("router_gemm.max_tokens").chain
+    assert [(layer.kind, layer.source) for layer in chain] == [
+        ("core", "hwprofile core"), ("arch", "plugin arch"), ("downstream", "plugin last"),
+        ("downstream", "plugin plain"), ("downstream", "plugin first"), ("env", "environment HWPROFILE_ROUTER_GEMM_MAX_TOKENS"),
+    ]
+    assert prof.get("router_gemm.max_tokens", int) == 3  # the user still wins over every plugin
+    assert prof.env_defaults["WHO"].value == "first"  # the highest-priority plugin's default
+
+
+def test_a_raise_in_a_hook_names_the_plugin() -> None:
+    class Broken:
+        @hookimpl
+        def hwprofile_settings(self, device: DeviceInfo, resolved: Mapping[str, Any]) -> None:
+            raise ZeroDivisionError("bad arithmetic")
+
+    reg = Registry({})
+    reg.register(Broken(), "broken", distribution="broken-dist", version="1.0")
+    with pytest.raises(PluginError, match=r"broken \(broken-dist 1.0\) raised in hwprofile_settings: ZeroDivisionError") as e:
+        build_profile(plugin.simulated_device((9, 0)), reg, {})
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+
+
+def test_profile_for_uses_the_installed_plugins_without_the_machines_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_ROUTER_GEMM_MAX_TOKENS", "1")
+    monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "sm90")
+    prof = plugin.profile_for(plugin.simulated_device((9, 0)))
+    assert prof.plugin is not None and prof.plugin.name == "sm90" and prof.target == "sm_90a"
+    assert prof.explain("router_gemm.max_tokens").winner.kind != "env"
+    assert plugin.profile_for(plugin.simulated_device((9, 0)), {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "1"})["router_gemm.max_tokens"] == 1
+
+
+def test_exports_are_the_records_hwprofile_exports() -> None:
+    for name in ("ArchSpec", "DeviceInfo", "EnvDefault", "KernelSpec", "Launch", "PluginInfo", "Setting", "Value", "hookimpl"):
+        assert getattr(plugin, name) is getattr(hwprofile, name), name
+    assert sorted(plugin.__all__) == plugin.__all__ and all(hasattr(plugin, n) for n in plugin.__all__)
+    assert Launch("k", (1, 1, 1), (32, 1, 1)).shared_bytes == 0
+
+
+def _hwprofile_imports(text: str) -> set[str]:
+    """``module.name`` for every name a source imports from hwprofile (``hwprofile`` alone for the package)."""
+    out = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hwprofile":
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "hwprofile"}
+    return out
+
+
+def test_shipped_plugins_the_example_and_the_scaffold_use_only_the_declared_api() -> None:
+    from hwprofile import scaffold
+
+    allowed = {f"hwprofile.{n}" for n in hwprofile.__all__} | {f"hwprofile.plugin.{n}" for n in plugin.__all__}
+    files = [*ROOT.glob("plugins/*/src/*/__init__.py"), ROOT / "examples/downstream/src/myengine_hwprofile/__init__.py"]
+    assert len(files) == 4
+    sources = {str(f): f.read_text() for f in files}
+    sources |= {rel: text for rel, text in scaffold.files("sm89", "8.9").items() if rel.endswith(".py")}
+    for where, text in sources.items():
+        assert _hwprofile_imports(text) <= allowed, (where, _hwprofile_imports(text) - allowed)
