@@ -7,7 +7,8 @@ Per rank and iteration, round-robin so drift hits every variant alike, each time
   allgather32   all_gather_single of a 32-byte uint8 tensor (NCCL: then a device synchronize)
   allgather128  the same with the 128-byte record check_agreement sends
   check         check_agreement() when every rank agrees (the profile already resolved)
-  check_gather  check_agreement(gather=True): adds all_gather_object of every rank's summary (the mismatch path)
+  check_gather  check_agreement(gather=True): adds the gather of every rank's pickled summary (lengths, then one
+                padded byte all_gather; hwprofile.distributed._collective._gather_bytes): the mismatch path
   gather_object all_gather_object of one summary alone
 Rank 0 prints the medians (ms) and the ratio check / allgather32; --json writes them.
 """

@@ -12,11 +12,12 @@ Modes: ``eager`` (host loop, wall time per step), ``graph`` (one step captured w
 torch.cuda.graph, replays timed with CUDA events), ``compile`` (torch.compile(fullgraph=True),
 inductor, wall time per step) and ``compile+graphs`` (mode="reduce-overhead"). Microseconds per
 step, median of 5 rounds. Writes engine.json to $OUT (or ./out).
-Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/bench_engine.py
+Usage: OUT=dir python3 benchmarks/bench_engine.py (``benchmarks/run_h200.sh engine``, with the wheels installed)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -32,7 +33,6 @@ import hwprofile
 from hwprofile import ops
 
 OUT = Path(os.environ.get("OUT", "out"))
-OUT.mkdir(parents=True, exist_ok=True)
 dev = torch.device("cuda:0")
 torch._dynamo.config.cache_size_limit = 64
 
@@ -103,6 +103,7 @@ def measure(
 
 
 def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
     hwprofile.reset()
     prof = hwprofile.profile(0)
     print(
@@ -137,4 +138,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

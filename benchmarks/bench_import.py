@@ -1,18 +1,21 @@
 """Import and first-profile cost in fresh processes, beside NVML's own cost.
 
 The snippets are run interleaved (A, B, C, A, B, C, ...) so that drift of the machine affects all
-of them alike; each row is the median of the in-process times. Usage:
-PYTHONPATH=core/src:plugins/sm90/src:plugins/sm100/src:plugins/sm120/src python benchmarks/bench_import.py [runs] [--cpu] [--tuned]
+of them alike; each row is the median of the in-process times. Usage (hwprofile and its plugins
+installed, as ``benchmarks/run_h200.sh import`` and ``benchmarks/run_cpu.sh import`` do):
+python3 benchmarks/bench_import.py [runs] [--cpu] [--tuned]
 
 ``--cpu``: no GPU needed (a clean venv on any machine): ``import hwprofile`` alone, after
 ``import torch``, and the first ``profile(0)`` of a simulated H200. ``--tuned``: the first-profile
-snippets also run with a config dir holding the four H200 sweep files (``benchmarks/h200/sweeps``,
-old format: raw samples inline) in the device's tuned directory, interleaved with the same snippets
-without them (whose config dir is empty, so the machine's own tuned files never count).
+snippets also run with a config dir holding the four H200 sweep files of
+``benchmarks/h200/2026-11-30-sweeps-2`` (old format: raw samples inline) in the device's tuned
+directory, interleaved with the same snippets without them (whose config dir is empty, so the
+machine's own tuned files never count).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -34,6 +37,9 @@ SNIPPETS = {
     "[pynvml imported] import hwprofile + profile(0)": "import hwprofile; hwprofile.profile(0)",
 }
 
+
+#: four sweep files in the old format (raw samples inline, 20-30 KB each): the worst case a tuned directory held
+TUNED_FILES = Path(__file__).parent / "h200" / "2026-11-30-sweeps-2"
 
 CPU_SNIPPETS = {
     "import hwprofile": "import hwprofile",
@@ -60,7 +66,7 @@ def tuned_config(device_dir: str) -> str:
     d = tempfile.mkdtemp(prefix="hwp-bench-config-")
     target = Path(d) / "tuned" / device_dir
     target.mkdir(parents=True)
-    for f in (Path(__file__).parent / "h200" / "sweeps").glob("*.toml"):
+    for f in TUNED_FILES.glob("*.toml"):
         shutil.copy(f, target / f.name)
     return d
 
@@ -141,9 +147,12 @@ def main(runs: int, tuned: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    n = int(args[0]) if args else 25
-    if "--cpu" in sys.argv:
-        cpu_main(n, "--tuned" in sys.argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="?", type=int, default=25, help="rounds of interleaved fresh processes (default 25)")
+    p.add_argument("--cpu", action="store_true", help="the snippets that need no GPU, with a simulated H200")
+    p.add_argument("--tuned", action="store_true", help="also run the first-profile snippets with four tuned files present")
+    a = p.parse_args()
+    if a.cpu:
+        cpu_main(a.runs, a.tuned)
     else:
-        main(n, "--tuned" in sys.argv)
+        main(a.runs, a.tuned)

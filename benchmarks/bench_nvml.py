@@ -1,11 +1,17 @@
-"""Cost of each NVML query detection makes (median of 50 calls, one process), to decide what to read eagerly."""
+"""Cost of each NVML query detection makes (median of 50 calls, one process), to decide what to read eagerly.
+
+Usage: python3 benchmarks/bench_nvml.py (``benchmarks/run_h200.sh import`` runs it).
+"""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
-import pynvml
+argparse.ArgumentParser(description=__doc__).parse_args()
+
+import pynvml  # noqa: E402 - after --help, which needs no NVML
 
 t0 = time.perf_counter()
 pynvml.nvmlInit()

@@ -13,11 +13,13 @@ Three views, each in its own fresh interpreter so that nothing is warm:
 * ``importtime``: ``python -X importtime`` of the same, the modules sorted by self time;
 * ``cprofile``: one cProfile of ``profile(0)`` after ``import pynvml``, by own and cumulative time.
 
-Usage: PYTHONPATH=core/src:plugins/sm90/src python benchmarks/startup_breakdown.py [runs] [views...]
+Usage (hwprofile and its plugins installed; ``benchmarks/run_h200.sh import``):
+python3 benchmarks/startup_breakdown.py [runs] [views...]   (views: paired steps importtime cprofile; default all)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -147,9 +149,17 @@ def cprofile() -> None:
     print(_py(CPROFILE).stdout)
 
 
+VIEWS = ("paired", "steps", "importtime", "cprofile")
+
 if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    views = sys.argv[2:] or ["paired", "steps", "importtime", "cprofile"]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="?", type=int, default=20, help="fresh processes per view (default 20)")
+    p.add_argument("views", nargs="*", metavar="view", help=f"any of {', '.join(VIEWS)} (default: all four)")
+    a = p.parse_args()
+    if set(a.views) - set(VIEWS):
+        p.error(f"unknown view(s) {', '.join(sorted(set(a.views) - set(VIEWS)))}; choose from {', '.join(VIEWS)}")
+    n = a.runs
+    views = a.views or list(VIEWS)
     print(f"python {sys.version.split()[0]}, dont_write_bytecode={sys.flags.dont_write_bytecode}")
     for v in views:
         print(f"== {v}")

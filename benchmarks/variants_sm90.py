@@ -1,17 +1,32 @@
-"""Variant sweep of the sm90 kernels (hwprofile_sm90/kernels/sm90_gemv.cu) on the H200.
+"""Variant sweep of the sm90 kernels on the H200: the plugin's templates and the measured, never dispatched ones.
 
 Times each template configuration directly against cuBLAS in the same run (CUDA-graph replay, cold
 L2 by rotating weight copies, median of 15 replays, bench_ops.py's timer), checks every timed
 variant against a float64 reference first, and measures what a launch costs by itself: an empty
 kernel with clusters of 1..8 blocks, with and without programmatic dependent launch (PDL).
-Usage: OUT=dir python benchmarks/variants_sm90.py [round]   (writes variants_sm90.json)
-Rounds 1-3 ran against earlier revisions of the source (their logs are in benchmarks/h200/); kernel
+
+Two sources: the plugin's (``hwprofile_sm90/kernels/sm90_gemv.cu``: ``hwp90_router``, ``hwp90_gemv``,
+``hwp90_gemv_simt``), loaded through ``hwprofile.kernels.load`` as the ops load it, and
+``benchmarks/kernels/sm90_variants.cu`` (``hwp90_gemv_bulk``, the bulk-copy GEMV: measured in rounds
+1-3, never dispatched, kept out of the plugin source because every shipped threshold's stamp digests
+that source), compiled here through ``hwprofile.kernels.toolchain.nvrtc_compile`` and loaded
+through ``hwprofile.kernels.launch``.
+
+Usage: OUT=dir python3 benchmarks/variants_sm90.py [round]   (writes variants_sm90.json; default round 7;
+``benchmarks/run_h200.sh variants`` runs it with ROUND=...). Logs of every round are in benchmarks/h200/
+(RESULTS.md, "Kernels", names them). Rounds 1-3 ran against earlier revisions of the source; kernel
 templates changed since (hwp90_gemv lost its split-K and prefetch parameters, hwp90_router gained
-PUSH and MINB), so only the latest round runs against the current source as is.
+PUSH and MINB), so round 2's 7-parameter ``hwp90_gemv`` instances (17 of its 53, and its host-launch
+cost) no longer compile. Every instance of rounds 1 and 3-7 compiles against the current sources
+(NVRTC 13.5 for sm_90a on a CPU machine, 2026-12-02); their timings are only comparable with the logs
+where the template's body is unchanged since.
 """
 
 from __future__ import annotations
 
+import argparse
+import ctypes
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -24,15 +39,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_ops import OUT, copies_for, graph_time
 
 import hwprofile
-from hwprofile import ops
-from hwprofile.kernels import Launch
-from hwprofile.kernels import _pipeline as jit
+from hwprofile import kernels
+from hwprofile.kernels import launch as klaunch
+from hwprofile.kernels import toolchain
+from hwprofile.plugin import Launch, plan_skinny_gemm
 
 dev = torch.device("cuda:0")
-prof = hwprofile.profile(0)
-SPEC = prof.kernels["gemv"]
-SMS = torch.cuda.get_device_properties(0).multi_processor_count
+VARIANTS_CU = Path(__file__).parent / "kernels" / "sm90_variants.cu"
+#: templates defined in VARIANTS_CU rather than in the plugin's source
+VARIANT_TEMPLATES = frozenset({"hwp90_gemv_bulk"})
+#: the skinny kernels' C signature (out, x, w, scale, M, N, K)
+ARG_TYPES = (ctypes.c_void_p,) * 4 + (ctypes.c_int,) * 3
+# set by setup(), once a GPU is known to be there
+prof: Any = None
+SPEC: Any = None  # the plugin's gemv KernelSpec: its source holds every template but VARIANT_TEMPLATES
+SMS = 0
 results: list[dict[str, Any]] = []
+_variant_kernels: dict[str, klaunch.LoadedKernel] = {}
+
+
+def setup() -> None:
+    global prof, SPEC, SMS
+    prof = hwprofile.profile(0)
+    SPEC = prof.kernels["gemv"]
+    SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def stream() -> int:
@@ -44,9 +74,35 @@ def record(**kw: Any) -> None:
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items()), flush=True)
 
 
+def _load_cubin(cubin: bytes, lowered: str, arg_types: tuple[type, ...], what: str) -> klaunch.LoadedKernel:
+    """A function of a cubin compiled here, loaded into torch's context of device 0."""
+    fn = klaunch.load_function(hashlib.sha256(cubin).hexdigest(), cubin, lowered, 0, what=what)
+    return klaunch.LoadedKernel(fn, what, arg_types)
+
+
+def variant_kernel(expr: str) -> klaunch.LoadedKernel:
+    """One instance of a VARIANTS_CU template, compiled with the plugin's include directories and options."""
+    kern = _variant_kernels.get(expr)
+    if kern is None:
+        if not VARIANTS_CU.is_file():
+            raise SystemExit(f"{VARIANTS_CU} is missing: {expr.split('<')[0]} lives there, not in the plugin's source")
+        include = (*toolchain.include_dirs(), str(VARIANTS_CU.parent), str(SPEC.source_path().parent))
+        options = toolchain.CompileOptions(prof.target, include, tuple(SPEC.options))
+        what = f"{expr} ({VARIANTS_CU.name})"
+        cubin, lowered, _log = toolchain.nvrtc_compile(VARIANTS_CU.read_text(), VARIANTS_CU.name, options, [expr], what=what)
+        kern = _variant_kernels[expr] = _load_cubin(cubin, lowered[expr], ARG_TYPES, what)
+    return kern
+
+
+def kernel_for(launch: Launch) -> klaunch.LoadedKernel:
+    if launch.name_expression.split("<", 1)[0].strip() in VARIANT_TEMPLATES:
+        return variant_kernel(launch.name_expression)
+    return kernels.load(SPEC, prof.target, launch, 0, ARG_TYPES)
+
+
 def timed(launch: Launch, m: int, n: int, k: int, fp8: bool, out_dtype: torch.dtype, tag: str, scale: int = 0) -> float:
     """Check one launch against float64, then time it over rotating weight copies."""
-    kern = jit.load(SPEC, prof.target, launch, 0, ops._ARG_TYPES)
+    kern = kernel_for(launch)
     nbytes = n * k * (1 if fp8 else 2)
     ws = [
         (torch.randn(n, k, device=dev) * (3 if fp8 else 1)).to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
@@ -106,16 +162,11 @@ __global__ void __cluster_dims__(1, C, 1) empty(int* p) {
 
 
 def launch_cost() -> None:
-    from cuda.bindings import driver as cu
-
     exprs = [f"empty<{c}, {w}>" for c in (1, 2, 4, 8) for w in ("false", "true")]
-    cubin, lowered, _ = jit.nvrtc_compile(EMPTY, "empty.cu", prof.target, exprs, [], what="empty kernels")
-    torch.cuda.init()
+    cubin, lowered, _ = toolchain.nvrtc_compile(EMPTY, "empty.cu", toolchain.CompileOptions(prof.target), exprs, what="empty kernels")
     torch.zeros(1, device=dev)
-    module = jit._cu(cu.cuModuleLoadData(cubin), "load")
     for e in exprs:
-        fn = jit._cu(cu.cuModuleGetFunction(module, lowered[e].encode()), e)
-        kern = jit.LoadedKernel(fn, e, (jit.ctypes.c_void_p,))
+        kern = _load_cubin(cubin, lowered[e], (ctypes.c_void_p,), e)
         c = int(e.split("<")[1].split(",")[0])
         for blocks in (132, 256):
             for pdl in (False, True):
@@ -164,10 +215,9 @@ def bulk_launch(n: int, k: int, fp8: bool, warps: int, kc: int, stages: int, bps
 
 def old_gemv(n: int, k: int, fp8: bool, scale: int) -> Launch:
     """The shared SIMT body as the previous version planned it (split-K over a 2-block cluster below 3 groups per SM)."""
-    from hwprofile.kernels.skinny_gemm import plan
     from hwprofile_sm90.planning import tuning
 
-    return plan(tuning(SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
+    return plan_skinny_gemm(tuning(SMS), m=1, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=True)
 
 
 def gemv_round(
@@ -228,7 +278,7 @@ def host_launch_cost() -> None:
     out = torch.empty(1, 64, device=dev, dtype=torch.bfloat16)
     for pdl in (False, True, False, True):
         la = simt_launch(64, 512, False, 4, 2, 1, 4, 0, pdl, 0)
-        kern = jit.load(SPEC, prof.target, la, 0, ops._ARG_TYPES)
+        kern = kernel_for(la)
         args = (out.data_ptr(), x.data_ptr(), w.data_ptr(), 0, 1, 64, 512)
         st = stream()
         for _ in range(200):
@@ -463,8 +513,20 @@ def round1() -> None:
     gemv_round(shapes, cfg, cfg[1:8])
 
 
-if __name__ == "__main__":
-    {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5, "6": round6, "7": round7}[sys.argv[1] if len(sys.argv) > 1 else "1"]()
+ROUNDS = {"1": round1, "2": round2, "3": round3, "4": round4, "5": round5, "6": round6, "7": round7}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("round", nargs="?", default="7", choices=sorted(ROUNDS), help="which round of variants to time (default 7)")
+    rnd = p.parse_args().round
+    OUT.mkdir(parents=True, exist_ok=True)
+    setup()
+    ROUNDS[rnd]()
     (OUT / "variants_sm90.json").write_text(json.dumps(results, indent=1))
     bad = [r for r in results if r.get("bad")]
     print(f"{len(results)} timings, {len(bad)} failed the float64 check", flush=True)
+
+
+if __name__ == "__main__":
+    main()

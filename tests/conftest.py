@@ -76,7 +76,7 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("HWPROFILE_STRICT", "1")
     hwprofile.reset()
     ops.reset_dispatch()
-    return ops._table(0)
+    return ops._dispatch.table(0)
 
 
 def rel(out: Any, ref: Any) -> float:

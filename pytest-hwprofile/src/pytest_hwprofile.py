@@ -7,8 +7,12 @@
   these *exact* capabilities (real or simulated), and skips it with the reason otherwise.
 * ``@pytest.mark.hwprofile_gpu("sm_90")`` needs a *real* GPU (of that capability, if given) usable
   by torch; it skips cleanly without one, so CPU-only CI passes.
-* fixtures: ``hwprofile_profile`` (device 0's profile; skips with the reason when there is no device)
-  and ``hwprofile_simulate`` (switch the simulated device inside a test; the previous state is restored).
+* fixtures: ``hwprofile_profile`` (device 0's profile; skips with the reason when there is no device),
+  ``hwprofile_simulate`` (switch the simulated device inside a test; the previous state is restored)
+  and ``hwprofile_strict_gpu`` (device 0's profile on the real GPU with ``HWPROFILE_STRICT=1``, for
+  kernel tests: a kernel that cannot be built or loaded raises instead of falling back).
+* ``rel_error(out, ref)``: the relative error of a kernel's output against a float64 reference,
+  failing on a NaN (an output poisoned with NaN before the launch shows an element never written).
 
 It is its own distribution, ``pytest-hwprofile``: pytest rewrites the asserts of every module of a
 distribution that declares a ``pytest11`` entry point, and hwprofile's modules are library code.
@@ -23,8 +27,12 @@ from typing import Any
 
 import pytest
 
+__all__ = ["rel_error"]
+
 _SAVED_ENV = pytest.StashKey[str | None]()  # HWPROFILE_DEVICE before --hwprofile-device set it
-SIMULATE_ENV = "HWPROFILE_DEVICE"  # hwprofile.device.SIMULATE_ENV; not imported here so that loading pytest imports no hwprofile
+# hwprofile's control variables, spelled here (not imported) so that loading pytest imports no hwprofile:
+SIMULATE_ENV = "HWPROFILE_DEVICE"  # the simulated device(s)
+STRICT_ENV = "HWPROFILE_STRICT"  # stale values and kernel faults are errors, not warnings and fallbacks
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,11 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("--hwprofile-device", default=None)
     if not name or name.strip().lower() == "none":
         return
-    from hwprofile import device
+    import hwprofile
     from hwprofile.errors import DeviceError
 
-    try:
-        device.simulated_detection(name)
+    try:  # through hwprofile.detect: a name an installed plugin's catalog contributes is valid too
+        hwprofile.detect({SIMULATE_ENV: name})
     except DeviceError as exc:
         raise pytest.UsageError(f"--hwprofile-device={name}: {exc}") from None
     config.stash[_SAVED_ENV] = os.environ.get(SIMULATE_ENV)
@@ -77,13 +85,28 @@ def _parse_cc(s: str) -> tuple[int, int]:
 
 
 def _device0(real: bool) -> tuple[Any, str]:
-    from hwprofile import device
+    import hwprofile
 
-    det = device.detect({k: v for k, v in os.environ.items() if k != SIMULATE_ENV}) if real else device.detect()
+    det = hwprofile.detect({k: v for k, v in os.environ.items() if k != SIMULATE_ENV}) if real else hwprofile.detect()
     if not det.devices:
         return None, f"no device ({det.reason})"
     d = det.devices[0]
     return d, f"device 0 is {d.name} ({d.sm}{', simulated' if d.simulated else ''})"
+
+
+def _real_gpu_or_skip(wanted: set[tuple[int, int]]) -> None:
+    """Skip, with the reason, unless device 0 is a real GPU (of one of ``wanted``, if any) that torch can use."""
+    d, desc = _device0(real=True)
+    if d is None:
+        pytest.skip(f"needs a real NVIDIA GPU; {desc}")
+    if wanted and d.compute_capability not in wanted:
+        pytest.skip(f"needs a real {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))} GPU; {desc}")
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("needs torch to use the GPU")
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch cannot use the GPU; {desc}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -93,18 +116,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if d is None or d.compute_capability not in wanted:
             pytest.skip(f"needs {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))}; {desc}")
     for mark in item.iter_markers("hwprofile_gpu"):
-        d, desc = _device0(real=True)
-        if d is None:
-            pytest.skip(f"needs a real NVIDIA GPU; {desc}")
-        wanted = {_parse_cc(a) for a in mark.args}
-        if wanted and d.compute_capability not in wanted:
-            pytest.skip(f"needs a real {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))} GPU; {desc}")
-        try:
-            import torch
-        except ImportError:
-            pytest.skip("needs torch to use the GPU")
-        if not torch.cuda.is_available():
-            pytest.skip(f"torch cannot use the GPU; {desc}")
+        _real_gpu_or_skip({_parse_cc(a) for a in mark.args})
 
 
 @pytest.fixture
@@ -131,3 +143,39 @@ def hwprofile_simulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[st
 
     yield simulate
     reset()
+
+
+@pytest.fixture
+def hwprofile_strict_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Device 0's profile on the real GPU, resolved fresh with ``HWPROFILE_STRICT=1``, for kernel tests.
+
+    No device is simulated (``HWPROFILE_DEVICE`` is unset for the test), and strict mode turns a
+    kernel that cannot be built or loaded into an error instead of a warning and the torch fallback,
+    so a test that launches kernels (``hwprofile.ops.run_kernel``) fails on them. Strict mode also
+    makes a stale shipped threshold an error: the profile is the one the test's kernels run under.
+    Skips with the reason without a real GPU usable by torch; the previous state is restored.
+    """
+    _real_gpu_or_skip(set())
+    from hwprofile.profiles import profile, reset
+
+    monkeypatch.delenv(SIMULATE_ENV, raising=False)
+    monkeypatch.setenv(STRICT_ENV, "1")
+    reset()
+    yield profile(0)
+    reset()  # the environment is restored after this (monkeypatch is torn down later): nothing resolved here survives
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    """``||out - ref|| / ||ref||`` in float64, for torch tensors; a NaN in ``out`` fails the test.
+
+    Poison the output with NaN before the launch: an element the kernel never wrote then fails here
+    rather than passing as a small error. ``ref`` is the float64 reference (``x.double() @ w.double().t()``);
+    when its norm is 0 the absolute error ``||out - ref||`` is returned.
+    """
+    import torch
+
+    if bool(torch.isnan(out).any()):
+        pytest.fail(f"an output element was not written (NaN in {int(torch.isnan(out).sum())} of {out.numel()})")
+    diff = float((out.double() - ref.double()).norm())
+    norm = float(ref.double().norm())
+    return diff / norm if norm else diff

@@ -51,24 +51,55 @@ class _Thor:
         return {"jetson-thor": self.ENTRY}
 
 
-def _with_plugin(monkeypatch: pytest.MonkeyPatch, *plugins: tuple[str, object]) -> None:
+def _with_plugin(monkeypatch: pytest.MonkeyPatch, *plugins: tuple[str, object]) -> Registry:
     reg = Registry({})
     for name, obj in plugins:
         reg.register(obj, name, distribution=f"{name}-dist", version="1.0")
     monkeypatch.setattr(hwprofile.profiles, "_registry", reg)
+    return reg
 
 
 def test_plugin_contributes_a_catalog_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    _with_plugin(monkeypatch, ("thor", _Thor()))
-    assert catalog.lookup("jetson-thor") == _Thor.ENTRY and catalog.lookup("Jetson_Thor") == _Thor.ENTRY
-    d = simulated_detection("jetson-thor,h200").devices
+    reg = _with_plugin(monkeypatch, ("thor", _Thor()))
+    found = catalog.lookup("jetson-thor", reg.catalog_entries)
+    assert found == _Thor.ENTRY and catalog.lookup("Jetson_Thor", reg.catalog_entries) == _Thor.ENTRY
+    d = simulated_detection("jetson-thor,h200", reg.catalog_entries).devices
     assert d[0].name == "NVIDIA Jetson Thor" and d[0].attributes().sm_count == 20 and d[1].name == "NVIDIA H200"
+    # hwprofile.detect passes the process registry's entries; the simulated device keeps its attributes after a reset
+    d0 = hwprofile.detect({"HWPROFILE_DEVICE": "jetson-thor"}).devices[0]
+    assert d0.name == "NVIDIA Jetson Thor"
+    hwprofile.reset()
+    assert d0.attributes().sm_count == 20
+
+
+def test_first_profile_of_a_device_only_a_plugin_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overlapped first profile() passes the registry's catalog entries to detection."""
+    reg = Registry({})
+    reg.register(_Thor(), "thor", distribution="thor-dist", version="1.0")
+    monkeypatch.setenv("HWPROFILE_DEVICE", "jetson-thor")
+    hwprofile.reset()
+    monkeypatch.setattr(hwprofile.profiles, "registry", lambda: reg)
+    prof = hwprofile.profile(0)
+    assert prof.device.name == "NVIDIA Jetson Thor" and prof.device.attributes().sm_count == 20 and prof.plugin is None
+    hwprofile.reset()
+
+
+def test_detection_without_the_plugin_catalog_knows_only_builtin_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hwprofile.device sits below the registry: it sees a plugin's entries only when the caller passes them."""
+    _with_plugin(monkeypatch, ("thor", _Thor()))
+    with pytest.raises(DeviceError, match="unknown simulated device 'jetson-thor'"):
+        simulated_detection("jetson-thor")
 
 
 def test_builtin_and_generic_names_need_no_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(catalog, "plugin_entries", lambda: pytest.fail("plugins must not load for a built-in or generic name"))
-    catalog.lookup("h200")
-    catalog.lookup("sm_110")
+    def no_plugins() -> dict[str, CatalogEntry]:
+        pytest.fail("plugins must not load for a built-in or generic name")
+
+    catalog.lookup("h200", no_plugins)
+    catalog.lookup("sm_110", no_plugins)
+    monkeypatch.setattr(hwprofile.profiles, "registry", no_plugins)
+    hwprofile.reset()
+    assert len(hwprofile.detect({"HWPROFILE_DEVICE": "h200,sm_110"}).devices) == 2  # the public detect asks the registry lazily
 
 
 @pytest.mark.parametrize(
@@ -87,22 +118,22 @@ def test_bad_catalog_entries_name_the_plugin(monkeypatch: pytest.MonkeyPatch, en
         def hwprofile_catalog(self) -> object:
             return entries
 
-    _with_plugin(monkeypatch, ("bad", Bad()))
+    reg = _with_plugin(monkeypatch, ("bad", Bad()))
     with pytest.raises(PluginError, match="bad-dist 1.0") as e:
-        catalog.lookup("anything")
+        catalog.lookup("anything", reg.catalog_entries)
     assert needle in str(e.value)
 
 
 def test_same_entry_from_two_plugins_names_both(monkeypatch: pytest.MonkeyPatch) -> None:
-    _with_plugin(monkeypatch, ("thor", _Thor()), ("thor_b", _Thor()))
+    reg = _with_plugin(monkeypatch, ("thor", _Thor()), ("thor_b", _Thor()))
     with pytest.raises(PluginError, match=r"contributed twice: by thor \(thor-dist 1.0\) and by thor_b \(thor_b-dist 1.0\)"):
-        catalog.lookup("jetson-thor")
+        catalog.lookup("jetson-thor", reg.catalog_entries)
 
 
 def test_unknown_name_lists_builtin_and_plugin_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    _with_plugin(monkeypatch, ("thor", _Thor()))
+    reg = _with_plugin(monkeypatch, ("thor", _Thor()))
     with pytest.raises(DeviceError, match=r"known devices: .*jetson-thor.*sm_XY or X\.Y"):
-        catalog.lookup("h300")
+        catalog.lookup("h300", reg.catalog_entries)
 
 
 def test_devices_command_shows_plugin_entries(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""One rank of the gloo agreement tests (test_distributed_gloo.py starts 4 of these).
+"""One rank of the gloo agreement tests (test_gloo.py starts 4 of these).
 
 ``python distributed_worker.py RANK WORLD STORE OUTDIR``: joins a gloo group through a FileStore and
 runs every scenario in order, each from the same base environment plus the scenario's changes for
@@ -45,7 +45,7 @@ def tuned_file() -> dict[str, str]:
 
     prof = hwprofile.profile(0)
     assert prof.plugin is not None
-    kernel = prof.kernels["router_gemm"].source_digest(with_cuda_headers=False)
+    kernel = prof.kernels["router_gemm"].source_digest()
     f = OUT / f"tuned-{RANK}.toml"
     f.write_text(
         tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel)

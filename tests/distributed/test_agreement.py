@@ -1,6 +1,6 @@
 """Cross-rank agreement without processes: what is compared, with which scope, and what the error says.
 
-The transport (gloo across processes, the bring-up command, timeouts) is in test_distributed_gloo.py.
+The transport (gloo across processes, the bring-up command, timeouts) is in test_gloo.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from tests.conftest import tuned_toml
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-from hwprofile import distributed as hd  # noqa: E402 - after the skips: the module needs torch at call time only
+from hwprofile import distributed as hd  # noqa: E402 - after the skips: the package needs torch at call time only
+from hwprofile.distributed import _collective, _compare, _summary  # noqa: E402 - private parts, where they live
 
 ROUTER = "setting.router_gemm.max_tokens"
 ENGINE = "myengine-hwprofile " + metadata.version("myengine-hwprofile")  # the example downstream plugin as installed
@@ -112,7 +113,7 @@ def test_user_env_override_on_one_rank_is_named_with_its_variable(same: hd.RankS
     assert d.values() == {"8": (0, 1), "4": (2,)} and d.scope == "present"
     assert "HWPROFILE_ROUTER_GEMM_MAX_TOKENS" in d.holdings[1].sources[0] and "myengine-hwprofile" in d.holdings[0].sources[0]
     assert dict(d.holdings[1].hosts) == {"node-b": (2,)}
-    msg = hd._message(diffs, [same, odd], {("NVIDIA H200", "sm_90"): (0, 2)}, "error")
+    msg = _compare._message(diffs, [same, odd], {("NVIDIA H200", "sm_90"): (0, 2)}, "error")
     assert "router_gemm.max_tokens" in msg and "HWPROFILE_ROUTER_GEMM_MAX_TOKENS" in msg and "host node-b" in msg
 
 
@@ -151,7 +152,7 @@ def test_blocked_arch_plugin_leaves_core_defaults(same: hd.RankSummary) -> None:
 def test_tuned_file_on_one_rank(same: hd.RankSummary, tmp_path: Path) -> None:
     prof = resolve(environment("h200", None))
     assert prof.plugin is not None
-    kernel = prof.kernels["router_gemm"].source_digest(with_cuda_headers=False)
+    kernel = prof.kernels["router_gemm"].source_digest()
     f = tmp_path / "router.toml"
     f.write_text(
         tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel)
@@ -193,7 +194,7 @@ def test_mixed_models_error_and_allow() -> None:
     diffs, models = hd.compare(ranks, "error")
     assert keys(diffs)[:2] == ["device.capability", "device.name"] and "plugin" in keys(diffs) and "kernel.gemv" in keys(diffs)
     assert models == {("NVIDIA H200", "sm_90"): (0, 1), ("NVIDIA GB300", "sm_103"): (2, 3)}
-    msg = hd._message(diffs, ranks, models, "error")
+    msg = _compare._message(diffs, ranks, models, "error")
     assert "mixed='allow'" in msg and "NVIDIA GB300 (sm_103)" in msg
     assert hd.compare(ranks, "allow")[0] == []
     # allowed models must still agree on everything the user chose: an override on one GB300 rank is caught
@@ -252,8 +253,8 @@ def test_needs_an_initialised_process_group() -> None:
 
 
 def test_rank_ranges() -> None:
-    assert hd._ranks([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7, 8"
-    assert hd._ranks([3]) == "3"
+    assert _compare._ranks([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7, 8"
+    assert _compare._ranks([3]) == "3"
 
 
 def test_agreement_error_is_exported_lazily() -> None:
@@ -262,6 +263,17 @@ def test_agreement_error_is_exported_lazily() -> None:
         "import sys, hwprofile; hwprofile.AgreementError; assert 'torch' not in sys.modules and 'hwprofile.distributed' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_package_imports_no_torch_and_runs_as_a_module() -> None:
+    """The package's import stays torch-free, and ``-m`` runs ``__main__`` once (the package never imports it)."""
+    code = (
+        "import sys, hwprofile.distributed as hd; hd.check_agreement, hd.main; "
+        "assert 'torch' not in sys.modules and 'hwprofile.distributed.__main__' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    p = subprocess.run([sys.executable, "-W", "error", "-m", "hwprofile.distributed", "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "--mixed" in p.stdout and not p.stderr, p.stderr
 
 
 def test_local_device_follows_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,7 +312,7 @@ class _FakeTorch:
 
 def test_cuda_ranks_check_their_current_device(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """With CUDA in use the current device wins; a rank left on device 0 of an 8-GPU host is warned, once."""
-    monkeypatch.setattr(hd, "_warned_devices", set())
+    monkeypatch.setattr(_summary, "_warned_devices", set())
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setitem(sys.modules, "torch", _FakeTorch(3, 8))
     with caplog.at_level("WARNING", logger="hwprofile.distributed"):
@@ -334,7 +346,7 @@ def test_bringup_main_single_rank_json(monkeypatch: pytest.MonkeyPatch, capsys: 
     hwprofile.reset()
     assert hd.main(["--backend", "gloo", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["models"][0]["name"] == "NVIDIA H200"
-    assert all(ref() is None for ref, *_ in hd._groups.values())  # no process group kept alive after destroy_process_group
+    assert all(ref() is None for ref, *_ in _collective._groups.values())  # no process group kept alive after destroy_process_group
 
 
 @pytest.mark.parametrize(("gpus", "local", "asked", "want"), [(1, 2, "auto", "gloo"), (2, 2, "auto", "nccl"), (0, 1, "auto", "gloo"),

@@ -375,7 +375,7 @@ def test_reset_after_a_source_edit_never_returns_the_old_function(pkg: Path, mon
 
 def test_reset_clears_every_kernel_pipeline_memo(pkg: Path) -> None:
     jit.compile_spec(spec(pkg), "sm_90a")
-    spec(pkg).source_digest()
+    spec(pkg).source_digest(toolchain.include_dirs())
     assert jit._memo_compiled and toolchain.nvrtc_version.cache_info().currsize
     hwprofile.reset()
     assert not jit._memo_compiled and not jit._loaded and not launch._modules

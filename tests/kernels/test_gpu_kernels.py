@@ -18,23 +18,19 @@ from tests.conftest import rel  # noqa: E402  (the GPU tests' shared float64 che
 
 
 def run(
-    table: ops._Table, op: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dtype,
+    table: ops._dispatch._Table, op: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dtype,
     mode: int = 0, split: bool | None = None,
 ) -> torch.Tensor:
-    m, k = x.shape
-    n = w.shape[0]
+    m, n = x.shape[0], w.shape[0]
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-    if split is not None:
-        table.split_k = split
-        table.launches.clear()
-    assert ops._run_kernel(table, op, out, x, w, scale, m, n, k, mode)
+    assert ops.run_kernel(op, out, x, w, scale, split_k=split)
     torch.cuda.synchronize()
     return out
 
 
 @pytest.mark.parametrize("n", [256, 384, 100])
 @pytest.mark.parametrize("m", list(range(1, 17)))
-def test_router_gemm_every_m(table: ops._Table, m: int, n: int) -> None:
+def test_router_gemm_every_m(table: ops._dispatch._Table, m: int, n: int) -> None:
     k = 7168 if n != 100 else 7176  # 100 / 7176: tails in N and K
     x = torch.randn(m, k, device="cuda").bfloat16()
     w = torch.randn(n, k, device="cuda").bfloat16()
@@ -44,7 +40,7 @@ def test_router_gemm_every_m(table: ops._Table, m: int, n: int) -> None:
 
 @pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize(("n", "k"), [(2048, 7168), (4096, 4096), (64, 512), (65536, 512), (2056, 17408), (12344, 1024), (7168, 16384)])
-def test_gemv_bf16(table: ops._Table, n: int, k: int, split: bool) -> None:
+def test_gemv_bf16(table: ops._dispatch._Table, n: int, k: int, split: bool) -> None:
     x = torch.randn(1, k, device="cuda").bfloat16()
     w = torch.randn(n, k, device="cuda").bfloat16()
     out = run(table, "gemv", x, w, None, torch.bfloat16, split=split)
@@ -53,7 +49,7 @@ def test_gemv_bf16(table: ops._Table, n: int, k: int, split: bool) -> None:
 
 @pytest.mark.parametrize("mode", [ops.TENSOR_SCALE, ops.ROW_SCALE])
 @pytest.mark.parametrize(("n", "k"), [(2048, 7168), (4096, 4096), (64, 512), (57344, 7168), (2056, 16384)])
-def test_fp8_gemv(table: ops._Table, n: int, k: int, mode: int) -> None:
+def test_fp8_gemv(table: ops._dispatch._Table, n: int, k: int, mode: int) -> None:
     x = torch.randn(1, k, device="cuda").bfloat16()
     w = (torch.randn(n, k, device="cuda") * 3).to(torch.float8_e4m3fn)
     scale = (torch.rand(n, device="cuda") + 0.5) if mode == ops.ROW_SCALE else torch.tensor([0.7], device="cuda")
@@ -62,7 +58,7 @@ def test_fp8_gemv(table: ops._Table, n: int, k: int, mode: int) -> None:
     assert rel(out, ref) < 1e-2
 
 
-def test_ops_dispatch_and_count_on_gpu(table: ops._Table) -> None:
+def test_ops_dispatch_and_count_on_gpu(table: ops._dispatch._Table) -> None:
     x = torch.randn(3, 7168, device="cuda").bfloat16()
     w = torch.randn(256, 7168, device="cuda").bfloat16()
     out = ops.router_gemm(x, w)
@@ -73,7 +69,7 @@ def test_ops_dispatch_and_count_on_gpu(table: ops._Table) -> None:
     assert stats["kernel"] >= 1 and stats["fallback"] >= 1
 
 
-def test_cuda_graph_capture_and_replay(table: ops._Table) -> None:
+def test_cuda_graph_capture_and_replay(table: ops._dispatch._Table) -> None:
     x = torch.randn(1, 4096, device="cuda").bfloat16()
     w = torch.randn(4096, 4096, device="cuda").bfloat16()
     ops.gemv(x, w)  # warm: compile and load outside capture
@@ -87,7 +83,7 @@ def test_cuda_graph_capture_and_replay(table: ops._Table) -> None:
     assert rel(y, x.double() @ w.double().t()) < 1e-2
 
 
-def test_launch_checks_reject_misaligned_inputs(table: ops._Table) -> None:
+def test_launch_checks_reject_misaligned_inputs(table: ops._dispatch._Table) -> None:
     base = torch.randn(1, 4096 + 1, device="cuda").bfloat16()
     x = base[:, 1:]  # not 16-byte aligned: the op must not launch on it
     w = torch.randn(2048, 4096, device="cuda").bfloat16()

@@ -1,6 +1,7 @@
 """Launch plans of every architecture plugin's kernels, on the CPU (simulated devices): each plan
 fits its SM, covers every output row, and names an entry point of that plugin's own source; each
-source refuses the targets it was not written for.
+source refuses the targets it was not written for. The shared skinny-GEMM planner's own rules are
+here too; one plugin's particular plans are tested with that plugin (plugins/*/tests).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 
 import hwprofile
 from hwprofile.errors import KernelCompileError
+from hwprofile.kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, kernel_specs, plan, prebuilt_instances
 from hwprofile.kernels.spec import Launch
+from hwprofile.optable import OPS
 
 SIMS = {"h200": "hwp90", "gb300": "hwp100", "rtx-pro-6000": "hwp120", "dgx-spark": "hwp120"}
 ROUTER = [(m, n, k) for m in range(1, 17) for n in (1, 100, 256, 384, 4096) for k in (16, 7168)]
@@ -72,49 +75,35 @@ def test_launch_plans_fit_the_sm_and_name_the_plugins_entry_points(sim: str, mon
         assert all(e.startswith(prefix + "_") for e in spec.instances), spec.op
 
 
-def test_sm90_router_plan_uses_pdl_and_the_measured_splits(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hwprofile_sm90.planning import plan_router
-
-    # variants_sm90 rounds 3-5: N=256 -> 8 rows a block, cluster of 8; N=384 -> 16 rows a block, cluster of 8;
-    # fewer groups -> a cluster of 4 with 16 warps
-    assert plan_router(m=1, n=256, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 1, 8, 4, true, true, 2>"
-    assert plan_router(m=16, n=256, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 1, 8, 4, true, true, 2>"
-    assert plan_router(m=8, n=384, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 2, 8, 4, true, true, 2>"
-    assert plan_router(m=9, n=384, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 8, 4, true, true, 2>"
-    assert plan_router(m=2, n=1024, k=7168, split_k=True).name_expression == "hwp90_router<1, 16, 2, 4, 2, true, true, 1>"
-    # 59 MB of weights: no L2 prefetch (it would evict what the running call has yet to read)
-    assert plan_router(m=8, n=4096, k=7168, split_k=True).name_expression == "hwp90_router<1, 8, 1, 1, 4, false, true, 2>"
-    assert plan_router(m=9, n=4096, k=7168, split_k=True).name_expression == "hwp90_router<2, 8, 2, 1, 4, false, true, 2>"
-    la = plan_router(m=4, n=256, k=7168, split_k=False)
-    assert la.grid == (32, 1, 1) and la.pdl
-    with pytest.raises(ValueError, match="M=17"):
-        plan_router(m=17, n=256, k=7168, split_k=True)
-    with pytest.raises(ValueError, match="multiple of 8"):
-        plan_router(m=1, n=256, k=7170, split_k=True)
-
-
-def test_sm90_gemv_plan() -> None:
-    from hwprofile_sm90.planning import plan_gemv
-
-    small = plan_gemv(m=1, n=2048, k=7168, split_k=True)
-    assert small.name_expression.startswith("hwp90_gemv_simt<false,") and small.grid[1] == 2  # cluster split-K fills the SMs
-    big = plan_gemv(m=1, n=57344, k=7168, split_k=True)
-    assert big.name_expression == "hwp90_gemv<false, 8, 2, 4, 0>" and big.grid == (264, 1, 1) and big.shared_bytes == 7168 * 2
-    assert plan_gemv(m=1, n=2048, k=7168, split_k=False).name_expression.startswith("hwp90_gemv<")  # no split: persistent
-    fp8 = plan_gemv(m=1, n=57344, k=7168, split_k=True, fp8=True, scale=2)
-    assert fp8.name_expression.startswith("hwp90_gemv_simt<true,") and fp8.name_expression.endswith(", 2>")
-    with pytest.raises(ValueError, match="shared memory"):
-        plan_gemv(m=1, n=57344, k=120000, split_k=True)
-
-
-def test_sm120_plan_splits_k_until_x_fits_99_kb() -> None:
-    from hwprofile.kernels.skinny_gemm import ArchTuning, plan
-
-    t = ArchTuning(sm_count=48, max_shared_bytes=99 * 1024, prefix="hwp120")
+def test_plan_splits_k_until_x_fits_the_shared_memory() -> None:
+    t = ArchTuning(sm_count=48, max_shared_bytes=99 * 1024)
     la = plan(t, m=1, n=65536, k=65536, fp8=False, out="bf16", scale=0, split_k=True)  # 128 KB of x: needs a split
     assert la.grid[1] == 2 and la.shared_bytes == 64 * 1024
+    assert plan(t, m=1, n=65536, k=4 * 65536, fp8=False, out="bf16", scale=0, split_k=True).grid[1] == 8  # 512 KB: 8 blocks
     with pytest.raises(ValueError, match="exceeds"):
         plan(t, m=1, n=65536, k=65536, fp8=False, out="bf16", scale=0, split_k=False)
+
+
+def test_prebuilt_instances_cover_every_scale_mode_and_split_choice() -> None:
+    seen: list[dict[str, object]] = []
+
+    def configure(**kw: object) -> Launch:
+        seen.append(kw)
+        return Launch(f"k<{kw.get('scale', '-')}, {kw['split_k']}>", (1, 1, 1), (32, 1, 1))
+
+    assert prebuilt_instances("fp8_gemv", configure, ((1, 64, 512),)) == ("k<1, False>", "k<1, True>", "k<2, False>", "k<2, True>")
+    seen.clear()
+    assert prebuilt_instances("gemv", configure) == ("k<-, False>", "k<-, True>")  # unscaled: no scale= passed
+    assert len(seen) == 2 * len(PREBUILT_SHAPES["gemv"]) and all("scale" not in kw for kw in seen)
+    assert set(PREBUILT_SHAPES) == set(OPS)
+
+
+def test_family_specs_prebuild_what_they_plan() -> None:
+    t = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, prefix="hwpx")
+    specs = kernel_specs("pkg", "kernels/x.cu", t)
+    assert [s.op for s in specs] == list(OPS)
+    for s in specs:
+        assert s.instances == prebuilt_instances(s.op, s.configure) and all(e.startswith("hwpx_") for e in s.instances)
 
 
 @pytest.mark.parametrize(("sim", "foreign"), [("h200", "sm_100a"), ("gb300", "sm_90a"), ("rtx-pro-6000", "sm_100a")])
@@ -128,3 +117,25 @@ def test_each_source_refuses_foreign_targets(sim: str, foreign: str, monkeypatch
     with pytest.raises(KernelCompileError, match=re.escape("kernels are built for")):
         opts = toolchain.CompileOptions(foreign, toolchain.include_dirs())
         toolchain.nvrtc_compile(spec.read_source(), spec.source, opts, [spec.instances[0]], what="guard check")
+
+
+@pytest.mark.parametrize(
+    ("sim", "expr", "why"),
+    [
+        ("rtx-pro-6000", "hwp120_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 16, 4, 0>", "portable cluster size"),
+        ("gb300", "hwp100_skinny_mma<false, float, 1, 8, 16, 1, 4, 0>", "static shared memory of the reduction"),
+    ],
+)
+def test_shared_entry_points_refuse_instances_past_the_sms_limits(sim: str, expr: str, why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hwprofile/skinny_entry.cuh's static_asserts hold against each plugin's own Limits."""
+    pytest.importorskip("cuda.bindings")
+    from hwprofile.kernels import toolchain
+
+    monkeypatch.setenv("HWPROFILE_DEVICE", sim)
+    hwprofile.reset()
+    prof = hwprofile.profile(0)
+    spec = prof.kernels["gemv"]
+    assert prof.target is not None
+    with pytest.raises(KernelCompileError, match=re.escape(why)):
+        opts = toolchain.CompileOptions(prof.target, toolchain.include_dirs())
+        toolchain.nvrtc_compile(spec.read_source(), spec.source, opts, [expr], what="limit check")

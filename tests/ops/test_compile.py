@@ -11,7 +11,8 @@ import pytest
 
 import hwprofile
 from hwprofile import ops
-from hwprofile.device import SIMULATE_ENV
+from hwprofile._env import DEVICE
+from hwprofile.optable import OPS
 
 torch = pytest.importorskip("torch")
 ops.register()  # this module imported hwprofile.ops before torch: no op looked up yet
@@ -25,30 +26,30 @@ def bf16(*shape: int) -> Any:
 
 def args_for(op: str, lead: tuple[int, ...] = (3,), n: int = 24, k: int = K) -> tuple[Any, ...]:
     x = bf16(*lead, k)
-    if op == "fp8_gemv":
+    if OPS[op].scaled:
         return x, (torch.randn(n, k) * 2).to(torch.float8_e4m3fn), torch.rand(n) + 0.5
     return x, bf16(n, k)
 
 
 def test_custom_ops_are_registered_with_the_op_table_names() -> None:
-    for name in ("router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"):
+    for name in OPS:
         assert hasattr(torch.ops.hwprofile, name)
 
 
-@pytest.mark.parametrize("op", ["router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_opcheck(op: str) -> None:
     """torch.library.opcheck: schema, fake implementation and dispatcher registrations agree with the real one."""
     custom = getattr(torch.ops.hwprofile, op).default
     # test_schema compares inputs with a multiply torch lacks for float8 on the CPU: not for fp8_gemv
     utils = (
         ("test_faketensor", "test_aot_dispatch_static")
-        if op == "fp8_gemv"
+        if OPS[op].scaled
         else ("test_schema", "test_faketensor", "test_aot_dispatch_static")
     )
     torch.library.opcheck(custom, args_for(op), test_utils=utils)
 
 
-@pytest.mark.parametrize("op", ["router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"])
+@pytest.mark.parametrize("op", list(OPS))
 def test_compile_fullgraph_aot_eager(op: str) -> None:
     torch._dynamo.reset()
     fn = getattr(ops, op)
@@ -88,8 +89,8 @@ def test_compiled_graph_still_dispatches_to_the_kernel(monkeypatch: pytest.Monke
         out.copy_(x.float() @ w.float().t())
         return True
 
-    monkeypatch.setattr(ops, "_cpu_index", 0)
-    monkeypatch.setattr(ops, "_launch", fake)
+    monkeypatch.setattr(ops._dispatch, "_cpu_index", 0)
+    monkeypatch.setattr(ops._kernel, "launch", fake)
     torch._dynamo.reset()
     compiled = torch.compile(lambda h, w: ops.router_gemm(h, w) * 2, fullgraph=True, backend="aot_eager")
     h, w = bf16(4, 7168), bf16(256, 7168)
@@ -108,7 +109,7 @@ def test_compile_errors_name_the_argument() -> None:
 
 
 @pytest.mark.skipif(
-    SIMULATE_ENV in os.environ, reason="inductor compiles C++ (~15 s on 2 cores): once per CI run, in the leg without a simulated device"
+    DEVICE.name in os.environ, reason="inductor compiles C++ (~15 s on 2 cores): once per CI run, in the leg without a simulated device"
 )
 def test_compile_inductor() -> None:
     torch._dynamo.reset()
@@ -126,7 +127,7 @@ def test_compile_inductor() -> None:
 
 
 def _run(code: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != SIMULATE_ENV}
+    env = {k: v for k, v in os.environ.items() if k != DEVICE.name}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout.strip()

@@ -5,12 +5,17 @@ their shapes, input recipes and tolerances; the GPU-marked twins in test_ops_gpu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import hwprofile
 from hwprofile import ops
+from hwprofile.optable import OPS
+
+from .contract import CHECKS, OpUnderTest, bf16_ulp
+from .reference import REFERENCES
 
 torch = pytest.importorskip("torch")
 
@@ -25,69 +30,27 @@ def e4m3(n: int, k: int, spread: float = 2.0) -> Any:
     return (torch.randn(n, k) * spread).to(torch.float8_e4m3fn)
 
 
-def call(op: str, x: Any, w: Any, **kw: Any) -> Any:
-    if op == "fp8_gemv":
-        return ops.fp8_gemv(x, w, kw.pop("scale", torch.tensor([0.5])), **kw)
-    return getattr(ops, op)(x, w, **kw)
-
-
-def weight(op: str, n: int, k: int) -> Any:
-    return e4m3(n, k) if op == "fp8_gemv" else bf16(n, k)
-
-
 def ref(op: str, x: Any, w: Any, scale: Any = None) -> Any:
-    wd = w.double()
-    if op == "fp8_gemv":
-        wd = wd * (scale if scale is not None else torch.tensor([0.5])).double().reshape(-1, 1)
-    return x.double() @ wd.t()
+    """The op's float64 reference (a scaled op's scale defaults to 0.5 per tensor)."""
+    if OPS[op].scaled:
+        return REFERENCES[op](x, w, torch.tensor([0.5]) if scale is None else scale)
+    return REFERENCES[op](x, w)
 
 
-OUT_DTYPE = {"router_gemm": torch.float32, "linear_bf16_fp32": torch.float32, "gemv": torch.bfloat16, "fp8_gemv": torch.bfloat16}
-OPS = list(OUT_DTYPE)
+# --- the contract, over every op of the table ------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("lead", [(), (1,), (5,), (2, 3), (2, 1, 4)])
-def test_leading_batch_dims(op: str, lead: tuple[int, ...]) -> None:
-    x, w = bf16(*lead, K_SMALL), weight(op, 24, K_SMALL)
-    out = call(op, x, w)
-    assert out.shape == (*lead, 24) and out.dtype == OUT_DTYPE[op]
-    tol = 1e-5 if OUT_DTYPE[op] == torch.float32 else 1e-2
-    assert torch.allclose(out.double(), ref(op, x, w), rtol=tol, atol=tol * 10)
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_op_has_a_float64_reference(name: str) -> None:
+    assert name in REFERENCES, f"op {name!r} has no float64 reference in tests/ops/reference.py: its paths cannot be checked"
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_out_is_written_and_returned(op: str) -> None:
-    x, w = bf16(2, 3, K_SMALL), weight(op, 24, K_SMALL)
-    out = torch.full((2, 3, 24), float("nan"), dtype=OUT_DTYPE[op])
-    r = call(op, x, w, out=out)
-    assert r is out and not torch.isnan(out).any()
-    assert torch.equal(out, call(op, x, w))
-    with pytest.raises(ValueError, match=rf"{op}: out must be torch\.\w+ of shape \(2, 3, 24\)"):
-        call(op, x, w, out=torch.empty(2, 3, 24, dtype=torch.float16))
-    with pytest.raises(ValueError, match=r"out must be .* of shape \(2, 3, 24\)"):
-        call(op, x, w, out=torch.empty(6, 24, dtype=OUT_DTYPE[op]))
-
-
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize(("m", "n", "k"), [(0, 24, K_SMALL), (3, 0, K_SMALL), (0, 0, K_SMALL), (3, 24, 0), (0, 24, 0)])
-def test_empty_dims(op: str, m: int, n: int, k: int) -> None:
-    out = call(op, bf16(m, k), weight(op, n, k))
-    assert out.shape == (m, n) and out.dtype == OUT_DTYPE[op]
-    assert not out.any()  # K = 0: zeros
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_strided_and_column_major_weights(op: str) -> None:
-    n, k = 40, K_SMALL
-    x = bf16(3, k)
-    padded = weight(op, n, k + 24)[:, :k]  # row stride K + 24
-    col_major = weight(op, k, n).t()  # FlashInfer's dsv3 router test passes weight.t() (column major)
-    for w in (padded, col_major):
-        assert not w.is_contiguous()
-        out = call(op, x, w)
-        tol = 1e-5 if OUT_DTYPE[op] == torch.float32 else 1e-2
-        assert torch.allclose(out.double(), ref(op, x, w), rtol=tol, atol=tol * 10)
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("name", list(OPS))
+def test_contract(name: str, check: Callable[[OpUnderTest], None]) -> None:
+    if name not in REFERENCES:
+        pytest.fail(f"op {name!r} has no float64 reference")
+    check(OpUnderTest(OPS[name], getattr(ops, name)))
 
 
 def test_errors_name_the_argument() -> None:
@@ -118,12 +81,6 @@ def test_device_is_accepted_as_torch_device_or_string(monkeypatch: pytest.Monkey
 # --- fallback precision ---------------------------------------------------------------------------
 
 
-def bf16_ulp(v: Any) -> Any:
-    """Spacing of bf16 numbers at |v| (8 significant bits)."""
-    e = torch.floor(torch.log2(v.abs().clamp_min(2.0**-126)))
-    return torch.pow(2.0, e - 7)
-
-
 @pytest.mark.parametrize("per_row", [False, True])
 def test_fp8_fallback_rounds_once_after_an_fp32_product(per_row: bool) -> None:
     """Within one bf16 rounding of the float64 reference: the kernel's precision (fp32 accumulation, one rounding)."""
@@ -142,19 +99,19 @@ def test_fp8_fallback_rounds_once_after_an_fp32_product(per_row: bool) -> None:
 
 def test_fp8_fallback_never_dequantises_the_whole_weight_to_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[Any, int]] = []
-    real = ops._mm_fp32
+    real = ops._fallbacks.mm_fp32
 
     def spy(x: Any, w: Any) -> Any:
         seen.append((w.dtype, w.numel()))
         return real(x, w)
 
-    monkeypatch.setattr(ops, "_mm_fp32", spy)
-    monkeypatch.setattr(ops, "FP8_CHUNK_ELEMENTS", 4096)
+    monkeypatch.setattr(ops._fallbacks, "mm_fp32", spy)
+    monkeypatch.setattr(ops._fallbacks, "FP8_CHUNK_ELEMENTS", 4096)
     n, k = 100, 512
     x, w, s = bf16(1, k), e4m3(n, k), torch.rand(n) + 0.5
     out = ops.fp8_gemv(x, w, s)
     assert all(dt == torch.bfloat16 and numel <= 4096 for dt, numel in seen) and len(seen) == -(-n // 8)
-    monkeypatch.setattr(ops, "FP8_CHUNK_ELEMENTS", 1 << 24)
+    monkeypatch.setattr(ops._fallbacks, "FP8_CHUNK_ELEMENTS", 1 << 24)
     assert torch.equal(out, ops.fp8_gemv(x, w, s))  # chunking changes nothing
 
 

@@ -1,7 +1,7 @@
 """Cache and toolchain faults through the op dispatch (CPU): one documented warning and the fallback,
 or, with strict mode, the error naming the cause. Nothing reaches the engine as a raw exception.
 
-``ops._run_kernel`` is the op's kernel branch; the launch-argument check needs CUDA tensors, so it
+``ops._kernel.launch`` is the op's kernel branch; the launch-argument check needs CUDA tensors, so it
 is bypassed here: every fault below happens in ``jit.load`` before anything is loaded.
 """
 
@@ -58,27 +58,26 @@ FAULTS = ["cache_dir_is_a_file", "cache_dir_is_a_symlink", "cache_switch_invalid
 
 
 @pytest.fixture
-def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ops._Table:
+def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ops._dispatch._Table:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "cache"))
     hwprofile.reset()
-    t = ops._Table(hwprofile.profile(0))
-    monkeypatch.setattr(ops, "_check_launch", lambda *a: None)
+    t = ops._dispatch._Table(hwprofile.profile(0))
     return t
 
 
-def _call(t: ops._Table) -> bool:
+def _call(t: ops._dispatch._Table) -> bool:
     x, w, out = (
         torch.zeros(1, 512, dtype=torch.bfloat16),
         torch.zeros(64, 512, dtype=torch.bfloat16),
         torch.empty(1, 64, dtype=torch.bfloat16),
     )
-    return ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)
+    return ops._kernel.launch(t, "gemv", out, x, w, None, 1, 64, 512, 0)
 
 
 @pytest.mark.parametrize("kind", FAULTS)
 def test_fault_is_the_documented_warning_and_the_fallback(
-    table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    table: ops._dispatch._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     cause = _fault(kind, tmp_path, monkeypatch)
     with pytest.warns(RuntimeWarning, match="gemv kernel unavailable, using the torch fallback") as w:
@@ -88,7 +87,7 @@ def test_fault_is_the_documented_warning_and_the_fallback(
 
 @pytest.mark.parametrize("kind", FAULTS)
 def test_fault_in_strict_mode_raises_a_kernel_error_naming_the_cause(
-    table: ops._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    table: ops._dispatch._Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     cause = _fault(kind, tmp_path, monkeypatch)
     table.strict = True
@@ -101,15 +100,15 @@ def test_fault_in_strict_mode_raises_a_kernel_error_naming_the_cause(
 
 @pytest.fixture
 def public(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    if not hasattr(ops, "_cpu_index") or not hasattr(ops, "reset_dispatch"):
-        pytest.skip("needs the ops CPU seam (ops._cpu_index)")
+    if not hasattr(ops._dispatch, "_cpu_index") or not hasattr(ops, "reset_dispatch"):
+        pytest.skip("needs the ops CPU seam (ops._dispatch._cpu_index)")
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "myengine")
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "cache"))
     hwprofile.reset()
     ops.reset_dispatch()
     hwprofile.profile(0)  # resolved before the fault: a bad HWPROFILE_CACHE then only reaches the jit
-    monkeypatch.setattr(ops, "_cpu_index", 0)
+    monkeypatch.setattr(ops._dispatch, "_cpu_index", 0)
     yield
     ops.reset_dispatch()
 

@@ -1,7 +1,7 @@
 """Every dispatch gate, reached through the public ops on the CPU.
 
-A seam makes CPU tensors count as device 0 of a simulated H200 (``ops._cpu_index``) and replaces the
-kernel launcher (``ops._launch``) with a fake that computes the kernel's result in float64 and
+A seam makes CPU tensors count as device 0 of a simulated H200 (``ops._dispatch._cpu_index``) and replaces the
+kernel launcher (``ops._kernel.launch``) with a fake that computes the kernel's result in float64 and
 records the call. So each test below drives the real routing of the real op; deleting any gate of
 ``ops.route`` makes one of them fail (checked by mutation, see the ops helper's report).
 """
@@ -15,12 +15,13 @@ import pytest
 
 import hwprofile
 from hwprofile import ops
+from hwprofile.optable import OPS
 
 torch = pytest.importorskip("torch")
 
 
 class FakeLauncher:
-    """Stands in for ``ops._launch``: records (op, M, N, K, scale mode) and writes the exact result."""
+    """Stands in for ``ops._kernel.launch``: records (op, M, N, K, scale mode) and writes the exact result."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int, int, int]] = []
@@ -47,13 +48,13 @@ def fake(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> Iterator[FakeL
     hwprofile.reset()
     ops.reset_dispatch()
     launcher = FakeLauncher()
-    monkeypatch.setattr(ops, "_cpu_index", 0)
-    monkeypatch.setattr(ops, "_launch", launcher)
+    monkeypatch.setattr(ops._dispatch, "_cpu_index", 0)
+    monkeypatch.setattr(ops._kernel, "launch", launcher)
     yield launcher
     ops.reset_dispatch()
 
 
-_real_launch = ops._launch
+_real_launch = ops._kernel.launch
 
 
 def rand(*shape: int, dtype: Any = None) -> Any:
@@ -199,7 +200,7 @@ def test_kernel_that_fails_to_load_warns_once_then_the_gate_says_failed(fake: Fa
     from hwprofile.errors import KernelCompileError
     from hwprofile.kernels import _pipeline as jit
 
-    monkeypatch.setattr(ops, "_launch", _real_launch)  # the real launcher: load (fails here), then launch
+    monkeypatch.setattr(ops._kernel, "launch", _real_launch)  # the real launcher: load (fails here), then launch
     loads = []
 
     def boom(*a: object, **k: object) -> None:
@@ -223,7 +224,7 @@ def test_strict_mode_raises_the_load_error(fake: FakeLauncher, monkeypatch: pyte
     from hwprofile.kernels import _pipeline as jit
 
     env(monkeypatch, strict="1")
-    monkeypatch.setattr(ops, "_launch", _real_launch)
+    monkeypatch.setattr(ops._kernel, "launch", _real_launch)
 
     def boom(*a: object, **k: object) -> None:
         raise KernelError("cannot load")
@@ -266,7 +267,7 @@ def test_decide_agrees_with_the_ops(fake: FakeLauncher) -> None:
     cases = [("router_gemm", m, n, 7168) for m in (0, 1, 16, 17) for n in (0, 255, 256, 384, 385)]
     cases += [("gemv", 1, n, k) for n in (64, 2048, 12288, 12296) for k in (512, 1000, 4096, 4608)]
     cases += [("linear_bf16_fp32", m, n, 7168) for m in (1, 8, 9) for n in (256, 4096, 4104)]
-    fns = {"router_gemm": ops.router_gemm, "gemv": ops.gemv, "linear_bf16_fp32": ops.linear_bf16_fp32}
+    fns = {op: getattr(ops, op) for op, *_ in cases}
     for op, m, n, k in cases:
         ran = took_kernel(fake, fns[op], zeros(m, k), zeros(n, k))
         assert ran == (ops.decide(op, prof, m=m, n=n, k=k).path == "kernel"), (op, m, n, k)
@@ -291,12 +292,10 @@ def test_a_scale_that_is_neither_per_tensor_nor_per_row_is_refused(fake: FakeLau
     assert not fake.calls
 
 
-@pytest.mark.parametrize("name", ["router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"])
+@pytest.mark.parametrize("name", list(OPS))
 def test_every_op_takes_its_documented_argument_names(fake: FakeLauncher, name: str) -> None:
-    """The eager front is one closure for all ops; its parameters carry each op's own names (router_gemm: hidden, weight)."""
+    """Each public op's parameters are the op table's argument names (router_gemm: hidden, weight), by position and by name."""
     import inspect
-
-    from hwprofile.optable import OPS
 
     op, fn = OPS[name], getattr(ops, name)
     assert list(inspect.signature(fn).parameters) == [*op.args, "out"]
@@ -314,12 +313,12 @@ def test_a_reset_while_a_route_is_computed_leaves_no_stale_memo(fake: FakeLaunch
 
     def route_then_reset(*a: Any, **kw: Any) -> Any:
         gate = real_route(*a, **kw)
-        monkeypatch.setattr(ops, "route", real_route)
+        monkeypatch.setattr(ops._dispatch, "route", real_route)
         monkeypatch.setenv("HWPROFILE_DETERMINISTIC", "1")  # what the other thread changed before its reset
         hwprofile.reset()
         return gate
 
-    monkeypatch.setattr(ops, "route", route_then_reset)
+    monkeypatch.setattr(ops._dispatch, "route", route_then_reset)
     ops.router_gemm(h, w)  # its route was computed before the reset (either path is right for this one call)
     assert not any(took_kernel(fake, ops.router_gemm, h, w) for _ in range(3))  # later calls see the new settings
     assert ops.decide("router_gemm", hwprofile.profile(0), m=4, n=256, k=7168).gate == "deterministic"
@@ -335,7 +334,7 @@ def test_a_fork_while_another_thread_holds_the_dispatch_lock_leaves_the_child_ab
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with ops._tables_lock:
+        with ops._dispatch._tables_lock:
             held.set()
             release.wait(30)
 
@@ -350,7 +349,7 @@ def test_a_fork_while_another_thread_holds_the_dispatch_lock_leaves_the_child_ab
         code = 1
         try:
             threading.Timer(30, lambda: os._exit(3)).start()
-            ops._launch = lambda t, op, *a: launched.append(op) or True  # record only
+            ops._kernel.launch = lambda t, op, *a: launched.append(op) or True  # record only
             ops.gemv(x, w)  # a shape the memo has not seen: takes the lock
             code = 0 if launched == ["gemv"] else 2
         finally:
@@ -359,3 +358,41 @@ def test_a_fork_while_another_thread_holds_the_dispatch_lock_leaves_the_child_ab
     t.join(30)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _edges(r: Any) -> list[tuple[str, tuple[int, int, int], str | None]]:
+    """(what, (M, N, K), expected gate) just inside and just outside each bound of one op's route."""
+    k0 = max(r.min_k, r.k_multiple)
+    k0 += -k0 % r.k_multiple
+    n0 = r.min_n + (-r.min_n % r.n_multiple)
+    if r.roof_lo <= n0 < r.roof_hi:
+        n0 = r.roof_hi + (-r.roof_hi % r.n_multiple)
+    out: list[tuple[str, tuple[int, int, int], str | None]] = [
+        ("inside", (1, n0, k0), None),
+        ("M above max_m", (r.max_m + 1, n0, k0), "m"),
+        ("N below min_n", (1, r.min_n - 1, k0), "n" if r.min_n > 1 else "empty"),
+        ("N above max_n", (1, r.max_n + r.n_multiple, k0), "n"),
+        ("K below min_k", (1, n0, r.min_k - 1), "k" if r.min_k > 1 else "empty"),
+        ("K above max_k", (1, n0, r.max_k + r.k_multiple), "k"),
+        ("M at max_m", (r.max_m, n0, k0), None),
+    ]
+    if r.k_multiple > 1 and k0 + 1 <= r.max_k:
+        out.append(("K off its multiple", (1, n0, k0 + 1), "k_multiple"))
+    if r.n_multiple > 1 and n0 + 1 <= r.max_n:
+        out.append(("N off its multiple", (1, n0 + 1, k0), "n_multiple"))
+    if r.roof_lo < r.roof_hi and r.min_n <= r.roof_lo <= r.max_n:
+        out.append(("N at the roof", (1, r.roof_lo + (-r.roof_lo % r.n_multiple), k0), "roof"))
+    return out
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_bound_of_every_op_is_a_gate(fake: FakeLauncher, name: str) -> None:
+    """Over the op table: a shape just inside each bound takes the kernel, just outside takes the fallback, naming the gate."""
+    prof = hwprofile.profile(0)
+    r = ops._dispatch._Table(prof).routes[name]
+    assert r.off is None, f"{name}: the simulated H200 has no {name} kernel ({r.off})"
+    for what, (m, n, k), gate in _edges(r):
+        if m < 1 or n < 0 or k < 0:
+            continue
+        d = ops.decide(name, prof, m=m, n=n, k=k)
+        assert d.gate == gate, f"{name} {what} (M={m}, N={n}, K={k}): gate {d.gate!r}, expected {gate!r} ({d.reason})"

@@ -8,11 +8,12 @@ torch = pytest.importorskip("torch")
 
 import hwprofile  # noqa: E402
 from hwprofile import ops  # noqa: E402
+from hwprofile.optable import OPS  # noqa: E402
 
 BF16, F8 = torch.bfloat16, torch.float8_e4m3fn
 
 
-@pytest.mark.parametrize("op", ["router_gemm", "linear_bf16_fp32", "gemv"])
+@pytest.mark.parametrize("op", [name for name, op in OPS.items() if not op.scaled])
 def test_weight_on_another_device_is_an_error_on_the_2d_path(op: str) -> None:
     x = torch.randn(1, 64, dtype=BF16)
     w = torch.empty(16, 64, dtype=BF16, device="meta")

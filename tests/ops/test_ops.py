@@ -6,6 +6,7 @@ import pytest
 
 import hwprofile
 from hwprofile import ops
+from hwprofile.optable import OPS
 
 torch = pytest.importorskip("torch")
 ARCHS = ["h200", "b200", "gb300", "rtx-pro-6000", "dgx-spark", "l40s", "a100"]
@@ -166,7 +167,7 @@ def test_deterministic_mode_keeps_fallback(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("HWPROFILE_DETERMINISTIC", "1")
     hwprofile.reset()
     p = hwprofile.profile(0)
-    for op in ("router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv"):
+    for op in OPS:
         assert ops.decide(op, p, m=1, n=2048, k=7168).path == "fallback"
 
 
@@ -186,10 +187,9 @@ def test_stats_shown_in_the_process_that_ran_ops(monkeypatch: pytest.MonkeyPatch
     ops.reset_dispatch()
     p = hwprofile.profile(0)
     p.stats.counts.clear()
-    t = ops._Table(p)
-    for _ in range(3):
-        t.count("gemv", "kernel")
-    t.count("gemv", "fallback")
+    t = ops._dispatch._Table(p)
+    t.routes["gemv"].counts["kernel"] += 3
+    t.routes["gemv"].counts["fallback"] += 1
     assert main(["show"]) == 0  # counters are shown whenever an op ran in this process
     out = capsys.readouterr().out
     assert "gemv" in out and "3" in out and "1" in out
@@ -199,14 +199,20 @@ def test_stats_shown_in_the_process_that_ran_ops(monkeypatch: pytest.MonkeyPatch
 def test_launch_gate_names_the_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
-    t = ops._Table(hwprofile.profile(0))
     x, w, out = rand(1, 512), rand(64, 512), torch.empty(1, 64, dtype=torch.bfloat16)
+    check = ops._kernel.check_operands
     with pytest.raises(ValueError, match="gemv: out must be torch.bfloat16"):
-        ops._run_kernel(t, "gemv", out.float(), x, w, None, 1, 64, 512)
+        check("gemv", 0, -1, out.float(), x, w, None)
     with pytest.raises(ValueError, match=r"gemv: w must have shape \(64, 512\)"):
-        ops._run_kernel(t, "gemv", out, x, rand(64, 256), None, 1, 64, 512)
+        check("gemv", 0, -1, out, x, rand(64, 256), None)
     with pytest.raises(ValueError, match="gemv: out must be on cuda:0"):
-        ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)
+        check("gemv", 0, -1, out, x, w, None)
+    with pytest.raises(ValueError, match="fp8_gemv: the kernel needs a float32 scale"):
+        check("fp8_gemv", 0, -1, out, x, w.to(torch.float8_e4m3fn), None)
+    with pytest.raises(ValueError, match="gemv: run_kernel needs CUDA tensors, got x on cpu"):
+        ops.run_kernel("gemv", out, x, w)
+    with pytest.raises(KeyError, match="no op 'gemvv'.*known ops: router_gemm"):
+        ops.run_kernel("gemvv", out, x, w)
 
 
 def test_kernel_failure_warns_once_then_falls_back_or_raises_in_strict(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,8 +221,7 @@ def test_kernel_failure_warns_once_then_falls_back_or_raises_in_strict(monkeypat
 
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
-    t = ops._Table(hwprofile.profile(0))
-    monkeypatch.setattr(ops, "_check_launch", lambda *a: None)
+    t = ops._dispatch._Table(hwprofile.profile(0))
 
     def boom(*a: object, **k: object) -> None:
         raise KernelCompileError("NVRTC failed to compile kernel 'gemv' of plugin sm90 for sm_90a: error")
@@ -224,9 +229,9 @@ def test_kernel_failure_warns_once_then_falls_back_or_raises_in_strict(monkeypat
     monkeypatch.setattr(jit, "load", boom)
     x, w, out = rand(1, 512), rand(64, 512), torch.empty(1, 64, dtype=torch.bfloat16)
     with pytest.warns(RuntimeWarning, match="gemv kernel unavailable"):
-        assert ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512) is False
+        assert ops._kernel.launch(t, "gemv", out, x, w, None, 1, 64, 512, 0) is False
     assert "gemv" in t.failed
     t.strict = True
     t.launches.clear()
     with pytest.raises(KernelCompileError):
-        ops._run_kernel(t, "gemv", out, x, w, None, 1, 64, 512)
+        ops._kernel.launch(t, "gemv", out, x, w, None, 1, 64, 512, 0)

@@ -9,6 +9,7 @@ import pytest
 
 import hwprofile
 from hwprofile import ops
+from hwprofile.optable import OPS
 
 pytestmark = pytest.mark.hwprofile_gpu("sm_90")
 torch = pytest.importorskip("torch")
@@ -40,7 +41,7 @@ def counts(op: str) -> dict[str, int]:
     return dict(hwprofile.profile(0).stats.as_dict().get(op, {"kernel": 0, "fallback": 0}))
 
 
-@pytest.mark.parametrize("op", ["router_gemm", "linear_bf16_fp32", "gemv"])
+@pytest.mark.parametrize("op", [name for name, op in OPS.items() if not op.scaled])
 @pytest.mark.parametrize(("m", "n", "k"), [(0, 256, 7168), (4, 0, 7168), (1, 0, 4096), (4, 256, 0)])
 def test_empty_problems_on_the_gpu(op: str, m: int, n: int, k: int) -> None:
     """N = 0 used to launch a grid of 0 blocks (CUDA_ERROR_INVALID_VALUE)."""
@@ -85,7 +86,7 @@ def test_gemv_kernel_and_fallback_precision(n: int, k: int) -> None:
     x, w = bf16(1, k), bf16(n, k)
     r = x.double() @ w.double().t()
     out = ops.gemv(x, w)
-    fb = ops._linear(x, w)
+    fb = ops.fallback("gemv")(x, w)
     e_k, e_f = rel(out, r), rel(fb, r)
     assert e_k < 1e-2 and e_f <= e_k * 1.1 + 1e-6, (e_k, e_f)
 
@@ -99,7 +100,7 @@ def test_fp8_fallback_is_at_least_as_precise_as_the_kernel(n: int, k: int, per_r
     before = counts("fp8_gemv")["kernel"]
     out = ops.fp8_gemv(x, w, scale)
     assert counts("fp8_gemv")["kernel"] == before + 1
-    fb = ops._fp8_fallback(x, w, scale)
+    fb = ops.fallback("fp8_gemv")(x, w, scale)
     e_k, e_f = rel(out, r), rel(fb, r)
     assert e_f <= e_k * 1.05 + 1e-7, (e_k, e_f)
     torch.testing.assert_close(out.double(), r, atol=2e-2, rtol=2e-2)  # FlashInfer W8A16 tolerance
@@ -111,11 +112,11 @@ def test_fp8_fallback_memory_stays_at_one_chunk() -> None:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    out = ops._fp8_fallback(x, w, s)
+    out = ops.fallback("fp8_gemv")(x, w, s)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     print(f"fp8 fallback N={n} K={k}: peak extra {extra / 2**20:.1f} MiB (a full fp32 copy would be {n * k * 4 / 2**20:.0f} MiB)")
-    assert extra < 2 * ops.FP8_CHUNK_ELEMENTS * 2 + 8 * n * 4
+    assert extra < 2 * ops._fallbacks.FP8_CHUNK_ELEMENTS * 2 + 8 * n * 4
     assert out.shape == (1, n)
 
 
@@ -146,10 +147,10 @@ def test_compile_reduce_overhead_cuda_graphs() -> None:
         y = f(x, w1, w2)
     x.copy_(bf16(1, 4096))
     y = f(x, w1, w2).clone()
-    assert rel(y, ops._linear(ops._linear(x, w1), w2).double()) < 2e-2
+    assert rel(y, ops.fallback("gemv")(ops.fallback("gemv")(x, w1), w2).double()) < 2e-2
 
 
-@pytest.mark.parametrize("op", ["router_gemm", "gemv", "fp8_gemv"])
+@pytest.mark.parametrize("op", [name for name in OPS if name != "linear_bf16_fp32"])  # linear: no kernel by default (max_tokens 0)
 def test_cuda_graph_capture_of_the_public_ops(op: str) -> None:
     k, n = (7168, 256) if op == "router_gemm" else (4096, 4096)
     x = bf16(4 if op == "router_gemm" else 1, k)

@@ -60,8 +60,8 @@ def test_reset_forgets_a_kernel_source_digest(tmp_path, monkeypatch) -> None:
     (pkg / "k.cu").write_text("// one\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = KernelSpec("op", "digest_pkg", "k.cu", ("k",), lambda **_: Launch("k", (1, 1, 1), (1, 1, 1)))
-    first = spec.source_digest(with_cuda_headers=False)
+    first = spec.source_digest()
     (pkg / "k.cu").write_text("// two\n")
-    assert spec.source_digest(with_cuda_headers=False) == first  # memoised for the process
+    assert spec.source_digest() == first  # memoised for the process
     hwprofile.reset()
-    assert spec.source_digest(with_cuda_headers=False) != first
+    assert spec.source_digest() != first

@@ -47,8 +47,3 @@ def test_reset_forgets_the_directory_listings(tmp_path, monkeypatch: pytest.Monk
     assert _entrypoints.installed_version("late-dist") is None  # the listing is remembered
     hwprofile.reset()
     assert _entrypoints.installed_version("late-dist") == "1.2.3"
-
-
-def test_registry_keeps_the_old_names() -> None:
-    assert registry.find_entry_points is _entrypoints.find_entry_points
-    assert registry.installed_version is _entrypoints.installed_version

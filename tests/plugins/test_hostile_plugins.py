@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import hwprofile
-from hwprofile import ArchSpec, Setting, hookimpl, registry
+from hwprofile import ArchSpec, Setting, _entrypoints, hookimpl, registry
 from hwprofile.device import DeviceInfo
 from hwprofile.errors import PluginError, SettingError
 from hwprofile.profiles import build_profile
@@ -36,7 +36,7 @@ def extra_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: igno
     def install(name: str, source: str) -> None:
         (tmp_path / f"{name}_mod.py").write_text(textwrap.dedent(source))
         monkeypatch.delitem(sys.modules, f"{name}_mod", raising=False)
-        ep = registry.EntryPoint(name, f"{name}_mod", f"hwprofile-{name}", "0.3.1")
+        ep = _entrypoints.EntryPoint(name, f"{name}_mod", f"hwprofile-{name}", "0.3.1")
         monkeypatch.setattr(registry, "find_entry_points", lambda group: [*real(group), ep])
         hwprofile.reset()
 

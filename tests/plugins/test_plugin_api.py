@@ -112,8 +112,50 @@ def test_profile_for_uses_the_installed_plugins_without_the_machines_environment
 def test_exports_are_the_records_hwprofile_exports() -> None:
     for name in ("ArchSpec", "DeviceInfo", "EnvDefault", "KernelSpec", "Launch", "PluginInfo", "Setting", "Value", "hookimpl"):
         assert getattr(plugin, name) is getattr(hwprofile, name), name
-    assert sorted(plugin.__all__) == plugin.__all__ and all(hasattr(plugin, n) for n in plugin.__all__)
+    assert len(set(plugin.__all__)) == len(plugin.__all__) and all(hasattr(plugin, n) for n in plugin.__all__)
     assert Launch("k", (1, 1, 1), (32, 1, 1)).shared_bytes == 0
+
+
+def test_every_export_is_documented_in_the_module_docstring() -> None:
+    doc = plugin.__doc__ or ""
+    missing = [n for n in plugin.__all__ if f"``{n}``" not in doc and f"``{n}(" not in doc]
+    assert not missing, f"exported by hwprofile.plugin, not in its docstring: {missing}"
+    guide = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+    assert not [n for n in plugin.__all__ if f"`{n}" not in guide], "every export is in docs/writing-a-plugin.md"
+
+
+def test_op_facts_are_the_op_tables() -> None:
+    from hwprofile import optable
+
+    assert plugin.OPS is optable.OPS and plugin.op_def("gemv") is optable.GEMV and plugin.OpDef is optable.OpDef
+    assert (plugin.NO_SCALE, plugin.TENSOR_SCALE, plugin.ROW_SCALE) == (optable.NO_SCALE, optable.TENSOR_SCALE, optable.ROW_SCALE)
+    with pytest.raises(KeyError, match="known ops: router_gemm"):
+        plugin.op_def("gemm")
+
+
+def test_measured_stamp_takes_the_fallback_from_the_op_table() -> None:
+    fields: dict[str, Any] = {
+        "device": "NVIDIA H200 sm_90 140 GiB", "compute_capability": (9, 0), "plugin": "arch", "plugin_version": "1.0", "kernel": "k"
+    }
+    libs = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
+    for op, d in plugin.OPS.items():
+        st = plugin.measured_stamp(op, libraries=libs, date="2026-11-30", **fields)
+        assert st == plugin.Stamp(op, fallback={"function": d.fallback, **libs}, date="2026-11-30", **fields)
+    with pytest.raises(ValueError, match="libraries names 'function'"):
+        plugin.measured_stamp("gemv", libraries={"function": "mine", **libs}, **fields)
+    with pytest.raises(KeyError, match="no op 'gemm'"):
+        plugin.measured_stamp("gemm", libraries=libs, **fields)
+
+
+def test_a_measured_stamp_is_stale_against_another_fallback() -> None:
+    """The stamp holds the table's fallback when the plugin built it: against a system whose fallback
+    differs (the plugin installed beside another core), it compares stale on the function."""
+    from hwprofile import tuning
+
+    fields: dict[str, Any] = {"device": "d", "compute_capability": (9, 0), "plugin": "arch", "plugin_version": "1", "kernel": "k"}
+    st = plugin.measured_stamp("gemv", libraries={}, **fields)
+    now = plugin.Stamp("gemv", fallback={"function": "a new fallback"}, **fields)
+    assert "fallback function changed (torch.nn.functional.linear -> a new fallback)" in tuning.compare(st, now, real_gpu=False).stale
 
 
 def _hwprofile_imports(text: str) -> set[str]:
@@ -131,8 +173,8 @@ def test_shipped_plugins_the_example_and_the_scaffold_use_only_the_declared_api(
     from hwprofile import scaffold
 
     allowed = {f"hwprofile.{n}" for n in hwprofile.__all__} | {f"hwprofile.plugin.{n}" for n in plugin.__all__}
-    files = [*ROOT.glob("plugins/*/src/*/__init__.py"), ROOT / "examples/downstream/src/myengine_hwprofile/__init__.py"]
-    assert len(files) == 4
+    files = [*ROOT.glob("plugins/*/src/**/*.py"), *ROOT.glob("examples/*/src/**/*.py")]
+    assert len(files) >= 5  # every module: the three plugins' packages, sm90's planning, the example
     sources = {str(f): f.read_text() for f in files}
     sources |= {rel: text for rel, text in scaffold.files("sm89", "8.9").items() if rel.endswith(".py")}
     for where, text in sources.items():

@@ -7,7 +7,7 @@ import types
 import pytest
 
 import hwprofile
-from hwprofile import ArchSpec, hookimpl
+from hwprofile import ArchSpec, _entrypoints, hookimpl
 from hwprofile.device import DeviceInfo
 from hwprofile.errors import PluginError
 from hwprofile.registry import Registry
@@ -138,7 +138,7 @@ def test_hook_that_raises_names_distribution_and_version() -> None:
 def test_broken_entry_point_names_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     from hwprofile import registry
 
-    broken = registry.EntryPoint("broken", "no_such_module_xyz", "broken-dist", "0.0.1")
+    broken = _entrypoints.EntryPoint("broken", "no_such_module_xyz", "broken-dist", "0.0.1")
     monkeypatch.setattr(registry, "find_entry_points", lambda group: [broken])
     with pytest.raises(PluginError) as e:
         Registry({}).load_entry_points()
@@ -151,16 +151,15 @@ def test_fast_entry_point_scan_matches_importlib_metadata() -> None:
 
     key = lambda e: e.name  # noqa: E731
     fast = sorted(registry.find_entry_points(registry.ENTRY_POINT_GROUP), key=key)
-    slow = sorted(registry._entry_points_slow(registry.ENTRY_POINT_GROUP), key=key)
+    slow = sorted(_entrypoints._entry_points_slow(registry.ENTRY_POINT_GROUP), key=key)
     assert fast == slow and {e.name for e in fast} >= {"sm90", "sm100", "sm120"}
 
 
 def test_entry_point_attribute_form(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hwprofile import registry
 
     (tmp_path / "ep_mod.py").write_text("class Holder:\n    class Inner:\n        x = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert registry.EntryPoint("x", "ep_mod:Holder.Inner", None, None).load().x == 1
+    assert _entrypoints.EntryPoint("x", "ep_mod:Holder.Inner", None, None).load().x == 1
 
 
 def test_invalid_arch_spec_is_rejected() -> None:
@@ -177,4 +176,4 @@ def test_egg_info_entry_points_are_read(tmp_path, monkeypatch: pytest.MonkeyPatc
     (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: legacy-plugin\nVersion: 2.0.1\n\nbody\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     eps = {e.name: e for e in registry.find_entry_points(registry.ENTRY_POINT_GROUP)}
-    assert eps["legacy"] == registry.EntryPoint("legacy", "legacy_mod:Plugin", "legacy-plugin", "2.0.1")
+    assert eps["legacy"] == _entrypoints.EntryPoint("legacy", "legacy_mod:Plugin", "legacy-plugin", "2.0.1")

@@ -41,6 +41,6 @@ def test_simulated_first_profile_equals_the_sequential_one(monkeypatch: pytest.M
         calls.append("registry")
         return Registry().load_entry_points()
 
-    overlapped = _first_profile.first_profile(1, loader)
+    overlapped = _first_profile.first_profile(1, loader, build_profile)
     assert calls == ["registry"] and overlapped.device.name == "NVIDIA GB300"
     assert overlapped.fingerprint == _sequential(1).fingerprint

@@ -123,8 +123,24 @@ def test_simulated_device_never_stale_for_library_versions(fresh_warning: None, 
 
 
 def test_strict_turns_shipped_stale_into_an_error(fresh_warning: None) -> None:
-    with pytest.raises(SettingError, match=r"HWPROFILE_STRICT=1.*router_gemm.max_tokens, linear_bf16_fp32.max_tokens"):
+    why = r"strict is on \(environment HWPROFILE_STRICT\): stale values are errors; stale keys: router_gemm.max_tokens, linear_bf16_fp32"
+    with pytest.raises(SettingError, match=why):
         build_profile(H200, _reg(stamp(kernel="", fallback_torch="0.9.0")), {"HWPROFILE_STRICT": "1"})
+
+
+def test_strict_is_read_once_as_the_setting_whatever_layer_sets_it(fresh_warning: None) -> None:
+    """Staleness reads the resolved ``strict`` setting (what ops read), not the variable: a layer that sets it counts."""
+
+    class Strict:
+        @hookimpl
+        def hwprofile_settings(self, device: DeviceInfo, resolved: dict[str, object]) -> dict[str, object]:
+            return {"strict": True}
+
+    reg = _reg(stamp(kernel="", fallback_torch="0.9.0"))
+    reg.register(Strict(), "strictly", distribution="strictly-dist", version="2.0")
+    with pytest.raises(SettingError, match=r"strict is on \(strictly-dist 2.0\): stale values are errors"):
+        build_profile(H200, reg, {})
+    assert build_profile(H200, reg, {"HWPROFILE_STRICT": "off"}).get("strict", bool) is False  # the user's variable is on top
 
 
 def test_stale_tuned_file_ignored_and_strict_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -187,7 +203,7 @@ def _shipped_stamps() -> list[tuple[str, str, tuning.Stamp, str]]:
                 for layer in s.chain:
                     if layer.kind == "arch" and isinstance(layer.stamp, tuning.Stamp):
                         spec = prof.kernels.get(layer.stamp.op)
-                        digest = spec.source_digest(with_cuda_headers=False) if spec is not None else ""
+                        digest = spec.source_digest() if spec is not None else ""
                         out.append((f"{p.label} on {target}", key, layer.stamp, digest))
     return out
 
@@ -243,7 +259,7 @@ def test_old_sweep_files_parse_only_the_head(tmp_path: Path, monkeypatch: pytest
     """Files written before samples moved out carry [[measurements]] inline: they are not parsed."""
     import tomllib
 
-    src = Path(__file__).parents[2] / "benchmarks" / "h200" / "sweeps" / "router_gemm.toml"
+    src = Path(__file__).parents[2] / "benchmarks" / "h200" / "2026-11-30-sweeps-2" / "router_gemm.toml"
     text = src.read_text()
     assert "\n[[measurements]]" in text
     parsed: list[int] = []
@@ -276,7 +292,7 @@ def test_head_only_parsing_equals_a_full_parse() -> None:
     """The start-up trick's equivalence test: every shipped sweep file gives what a full parse gives."""
     import tomllib
 
-    files = sorted(f for f in (Path(__file__).parents[2] / "benchmarks" / "h200").rglob("*.toml") if "sweeps" in f.parent.name)
+    files = sorted((Path(__file__).parents[2] / "benchmarks" / "h200").glob("*-sweeps*/*.toml"))
     assert len(files) >= 8
     for f in files:
         full = tomllib.loads(f.read_text())
@@ -301,7 +317,7 @@ def test_a_tuned_value_goes_stale_when_the_launch_plan_changes_and_the_source_do
     assert plan == tuning.plan_digest("gemv", spec)  # a pure function of the plan
     f = tmp_path / "gemv.toml"
     f.write_text(tuned_toml(prof.device, {"gemv.max_n": 2048}, plugin="sm90", version=prof.plugin.version if prof.plugin else "",
-                            kernel=spec.source_digest(with_cuda_headers=False), op="gemv", plan=plan))
+                            kernel=spec.source_digest(), op="gemv", plan=plan))
     monkeypatch.setenv("HWPROFILE_TUNED_FILE", str(f))
     hwprofile.reset()
     assert hwprofile.profile().explain("gemv.max_n").value == 2048  # measured against this plan: applied

@@ -18,11 +18,11 @@ Plugin authors import from :mod:`hwprofile.plugin`.
 # checkers the same names, and tests/test_public_api.py keeps the three lists in step.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .device import DeviceInfo, detect
+    from .device import DeviceInfo
     from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError
     from .hookspecs import hookimpl
     from .kernels.spec import KernelSpec, Launch
-    from .profiles import Profile, profile, reset
+    from .profiles import Profile, detect, profile, reset
     from .registry import ArchSpec, PluginInfo
     from .settings import EnvDefault, ResolvedSetting, Setting, Value
 
@@ -69,7 +69,7 @@ _LAZY = {
     "Setting": "settings",
     "SettingError": "errors",
     "Value": "settings",
-    "detect": "device",
+    "detect": "profiles",
     "hookimpl": "hookspecs",
     "profile": "profiles",
     "reset": "profiles",

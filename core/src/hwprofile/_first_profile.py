@@ -7,16 +7,19 @@ Why: NVML's start-up spends most of its 15-20 ms inside the driver with the GIL 
 registration) do not depend on the device, so the calling thread loads them meanwhile, and resolves
 the profile while NVML shuts down. A first ``profile()`` then costs little more than NVML's own start:
 +11.3 ms over NVML on the H200, against +19.9 ms with detection first (benchmarks/RESULTS.md,
-"Start-up"). Equivalence: ``tests/test_first_profile.py`` checks that the overlapped path gives the
+"Start-up"). Equivalence: ``tests/profiles/test_first_profile.py`` checks that the overlapped path gives the
 profile the sequential path (:func:`hwprofile.device.detect`, then
-:func:`hwprofile.profiles.build_profile`) gives, and ``tests/test_device.py`` that no thread is left.
+:func:`hwprofile.profiles.build_profile`) gives, and ``tests/device/test_device.py`` that no thread is left.
+
+Below :mod:`hwprofile.profiles`, which calls it: what it needs from there (the registry loader, the
+profile builder) is passed in, so it imports neither profiles nor the registry.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from . import device as _device
 from ._log import get_logger
@@ -24,11 +27,11 @@ from ._log import get_logger
 if TYPE_CHECKING:
     import threading
 
-    from .device import Detection
-    from .profiles import Profile
+    from .device import Detection, DeviceInfo, PluginCatalog
     from .registry import Registry
 
 log = get_logger("hwprofile.device")  # the probe's messages are about detection
+_P = TypeVar("_P")
 
 
 class PendingDetection:
@@ -81,7 +84,7 @@ class PendingDetection:
                 )
 
 
-def detect_in_background(environ: Mapping[str, str] | None = None) -> PendingDetection:
+def detect_in_background(environ: Mapping[str, str] | None = None, plugin_catalog: PluginCatalog | None = None) -> PendingDetection:
     """Start :func:`detect` in a helper thread; ``result()`` waits for the devices, ``close()`` for the thread.
 
     NVML's start-up spends most of its 15-20 ms inside the driver with the GIL released
@@ -89,29 +92,34 @@ def detect_in_background(environ: Mapping[str, str] | None = None) -> PendingDet
     meanwhile, and resolves while NVML shuts down. ``pynvml`` is imported here, in the calling
     thread: importing is Python work that would only contend for the GIL. Nothing to wait for
     (cached, simulated, no nvidia-ml-py, no threads) means detecting at once. The caller must call
-    ``close()``, so that no thread outlives it (a process may fork right after).
+    ``close()``, so that no thread outlives it (a process may fork right after). ``plugin_catalog``
+    as for :func:`hwprofile.device.detect` (a simulated device is detected at once, in this thread).
     """
     key = _device._key(environ)
     if key in _device._detections or key[0]:
-        return PendingDetection(key, _device.detect(environ))
+        return PendingDetection(key, _device.detect(environ, plugin_catalog))
     try:
         import pynvml  # noqa: F401
     except ImportError:
-        return PendingDetection(key, _device.detect(environ))
+        return PendingDetection(key, _device.detect(environ, plugin_catalog))
     try:
         return PendingDetection(key)
     except RuntimeError:  # interpreter shutting down, or no more threads
-        return PendingDetection(key, _device.detect(environ))
+        return PendingDetection(key, _device.detect(environ, plugin_catalog))
 
 
-def first_profile(index: int, registry: Callable[[], Registry]) -> Profile:
+def first_profile(
+    index: int, registry: Callable[[], Registry], build: Callable[[DeviceInfo, Registry, Mapping[str, str]], _P]
+) -> _P:
     """The first profile of the process, with NVML's start-up overlapped.
 
     NVML starts in a helper thread (:func:`detect_in_background`) while this thread imports and
     registers the plugins (``registry()``, the caller's process-wide loader); then resolving
-    overlaps NVML's teardown.
+    (``build(device, registry, os.environ)``: :func:`hwprofile.profiles.build_profile`) overlaps
+    NVML's teardown. A simulated device that only a plugin's catalog entry names is looked up
+    through ``registry().catalog_entries()``.
     """
-    probe = detect_in_background()
+    probe = detect_in_background(plugin_catalog=lambda: registry().catalog_entries())
     try:
         error: Exception | None = None
         try:
@@ -122,8 +130,6 @@ def first_profile(index: int, registry: Callable[[], Registry]) -> Profile:
         info = probe.result().device(index)
         if error is not None:
             raise error
-        from .profiles import build_profile
-
-        return build_profile(info, reg, os.environ)
+        return build(info, reg, os.environ)
     finally:
         probe.close()  # no thread outlives profile(): the process may fork next

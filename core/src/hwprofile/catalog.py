@@ -1,20 +1,23 @@
-"""Built-in catalog of real GPUs, used to simulate devices on machines that lack them.
+"""Built-in catalog of real GPUs, used to simulate devices on machines that lack them. Never loads plugins.
 
 Values are the vendors' published specifications (memory as NVML reports it where known). They
 feed everything that is decided from device facts, so CI can exercise an architecture's code paths
 on a CPU-only machine: ``HWPROFILE_DEVICE=rtx-pro-6000`` behaves like that card for selection,
 settings and kernel compilation (not for running kernels). Any other capability can be simulated
 by name (``sm_110``, ``11.0``), and plugins add entries for the GPUs they serve through the
-``hwprofile_catalog`` hook.
+``hwprofile_catalog`` hook: the registry collects them (``Registry.catalog_entries``, checked by
+:func:`merge_plugin_entries`) and the caller of :func:`lookup` passes them in, so detection, which
+sits below the plugins, never imports the registry or the profiles.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from .errors import DeviceError
+from . import _env
+from .errors import DeviceError, PluginError
 
 _MIB = 1024 * 1024
 
@@ -100,7 +103,7 @@ def generic(cc: tuple[int, int]) -> CatalogEntry:
     Selection and kernel targets depend only on the capability; the resources (SM count, shared
     memory, L2, memory) are borrowed from a built-in GPU of that capability when there is one, else
     from the closest lower capability, so launch planning sees plausible numbers. A plugin's named
-    entry (:func:`plugin_entries`) is the way to simulate a GPU whose numbers matter.
+    entry (hook ``hwprofile_catalog``) is the way to simulate a GPU whose numbers matter.
     """
     real = [e for e in CATALOG.values() if not e.name.startswith("Simulated ")]
     same = [e for e in real if e.compute_capability == cc]
@@ -109,48 +112,51 @@ def generic(cc: tuple[int, int]) -> CatalogEntry:
     return base._replace(name=f"Simulated sm_{cc[0]}{cc[1]}", compute_capability=cc)
 
 
-def plugin_entries() -> dict[str, CatalogEntry]:
-    """Catalog entries contributed by installed plugins (hook ``hwprofile_catalog``), by name.
+def merge_plugin_entries(contributions: Iterable[tuple[str, object]]) -> dict[str, CatalogEntry]:
+    """The plugins' catalog entries by name, from ``(plugin label, hwprofile_catalog result)`` pairs.
 
-    Loads the plugins, so it is only asked when a name is neither built in nor a capability.
+    Every entry is checked: a result that is not a dict, a name that is not lower-case letters,
+    digits and '-' (or is a generic ``sm_XY`` / ``X.Y`` name), a value that is not a
+    :class:`CatalogEntry`, a built-in name, or a name two plugins contribute is a
+    :class:`~hwprofile.errors.PluginError` naming the plugin. ``None`` (no entries) is skipped.
     """
-    from .errors import PluginError
-    from .profiles import registry
-
-    reg = registry()
     out: dict[str, CatalogEntry] = {}
     by: dict[str, str] = {}
-    for info in sorted(reg.plugins.values(), key=lambda p: p.name):
-        got = reg._call_plugin("hwprofile_catalog", info)
+    for label, got in contributions:
         if got is None:
             continue
         if not isinstance(got, Mapping):
             raise PluginError(
-                f"plugin {info.label}: hwprofile_catalog must return a dict of name -> hwprofile.plugin.CatalogEntry, "
+                f"plugin {label}: hwprofile_catalog must return a dict of name -> hwprofile.plugin.CatalogEntry, "
                 f"got {type(got).__name__}"
             )
         for name, entry in got.items():
             key = _key(str(name))
             if not isinstance(name, str) or not _NAME_RE.match(key) or parse_capability(key) is not None:
                 raise PluginError(
-                    f"plugin {info.label}: catalog name {name!r} is invalid; use lower-case letters, digits and '-' "
+                    f"plugin {label}: catalog name {name!r} is invalid; use lower-case letters, digits and '-' "
                     "(e.g. 'jetson-thor'); 'sm_XY' and 'X.Y' names are generic and built in"
                 )
             if not isinstance(entry, CatalogEntry):
                 raise PluginError(
-                    f"plugin {info.label}: catalog entry {name!r} must be a hwprofile.plugin.CatalogEntry, got {type(entry).__name__}"
+                    f"plugin {label}: catalog entry {name!r} must be a hwprofile.plugin.CatalogEntry, got {type(entry).__name__}"
                 )
             if key in CATALOG:
-                raise PluginError(f"plugin {info.label}: catalog entry {name!r} is built into hwprofile; choose another name")
+                raise PluginError(f"plugin {label}: catalog entry {name!r} is built into hwprofile; choose another name")
             if key in out:
-                raise PluginError(f"catalog entry {name!r} is contributed twice: by {by[key]} and by {info.label}")
-            out[key], by[key] = entry, info.label
+                raise PluginError(f"catalog entry {name!r} is contributed twice: by {by[key]} and by {label}")
+            out[key], by[key] = entry, label
     return out
 
 
-def lookup(name: str) -> CatalogEntry:
+def lookup(name: str, plugin_entries: Callable[[], Mapping[str, CatalogEntry]] | None = None) -> CatalogEntry:
     """The catalog entry for ``name`` (case-insensitive): a built-in GPU, a generic capability
-    (``sm_110``, ``11.0``) or a plugin's entry; otherwise an error listing what is known."""
+    (``sm_110``, ``11.0``) or a plugin's entry; otherwise an error listing what is known.
+
+    ``plugin_entries`` returns the installed plugins' entries (``Registry.catalog_entries``); it is
+    called only for a name that is neither built in nor a capability, so simulating a built-in or
+    generic device loads no plugin. Without it only those two kinds are known.
+    """
     key = _key(name)
     found = CATALOG.get(key)
     if found is not None:
@@ -158,11 +164,11 @@ def lookup(name: str) -> CatalogEntry:
     cc = parse_capability(key)
     if cc is not None:
         return generic(cc)
-    extra = plugin_entries()
+    extra = plugin_entries() if plugin_entries is not None else {}
     if key in extra:
         return extra[key]
     known = ", ".join(sorted({*CATALOG, *extra}))
     raise DeviceError(
-        f"unknown simulated device {name!r} (from HWPROFILE_DEVICE, --simulate or --hwprofile-device); known devices: {known}; "
+        f"unknown simulated device {name!r} (from {_env.DEVICE.name}, --simulate or --hwprofile-device); known devices: {known}; "
         "or any capability as sm_XY or X.Y (e.g. sm_110); list them with 'hwprofile devices'"
     )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import _env
 from .errors import DeviceError, HwprofileError, ToolchainError
 from .optable import OPS
 
@@ -101,11 +102,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from . import device
-    from .profiles import registry
+    from .profiles import detect, registry
 
     reg = registry()
-    det = device.detect()
+    det = detect()
     out = []
     for p in sorted(reg.plugins.values(), key=lambda p: p.name):
         sel = []
@@ -130,7 +130,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     else:
         print("no hwprofile plugins installed")
     if reg.disabled:
-        print(f"disabled by HWPROFILE_DISABLE_PLUGINS: {', '.join(reg.disabled)}")
+        print(f"disabled by {_env.DISABLE_PLUGINS.name}: {', '.join(reg.disabled)}")
     for d in det.devices:
         try:
             s = reg.select(d)
@@ -144,13 +144,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     """The devices this process sees, then every device that can be simulated (built in, from plugins)."""
-    from . import catalog, device
+    from . import catalog
+    from .profiles import detect, registry
 
-    det = device.detect()
+    det = detect()
     extra: dict[str, Any] = {}
     extra_error = None
     try:
-        extra = catalog.plugin_entries()
+        extra = registry().catalog_entries()
     except HwprofileError as exc:  # a broken plugin must not hide the built-in list
         extra_error = str(exc)
     sims = [(k, e, "hwprofile") for k, e in catalog.CATALOG.items()] + [(k, e, "plugin") for k, e in extra.items()]
@@ -295,7 +296,6 @@ def _check_compile_environment(reg: Any) -> None:
     Invalid control values (``HWPROFILE_CACHE``, ``HWPROFILE_STRICT``, ...) are one error here, not one per
     kernel instance; unknown ``HWPROFILE_*`` names warn once, against every installed plugin's settings.
     """
-    from .kernels import cache as kcache
     from .settings import CORE_SETTINGS, SettingsResolver, check_environment
 
     resolver = SettingsResolver()
@@ -304,9 +304,8 @@ def _check_compile_environment(reg: Any) -> None:
         decl = reg._call_plugin("hwprofile_declare_settings", p)
         if decl is not None:
             resolver.declare(decl, by=p.label, namespace=p.name)
-    check_environment(os.environ, (s.env_var for s in resolver.declared.values()))
-    resolver.add_user_env(os.environ)  # a bad value of any setting's variable (HWPROFILE_STRICT=maybe) is an error
-    kcache.cache_enabled()  # raises CacheError naming HWPROFILE_CACHE's bad value
+    check_environment(os.environ, (s.env_var for s in resolver.declared.values()))  # every control variable (_env.VARS)
+    resolver.add_user_env(os.environ)  # a bad value of any setting's variable (HWPROFILE_ROUTER_GEMM_MAX_TOKENS=x) is an error
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -398,7 +397,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
                         n, size = n + 1, size + st.st_size
         finally:
             os.close(dfd)
-    print(f"cache: {d} ({'enabled' if enabled else 'disabled by HWPROFILE_CACHE=off'})")
+    print(f"cache: {d} ({'enabled' if enabled else f'disabled by {_env.CACHE.name}=off'})")
     print(f"entries: {n}, {size / 1024:.0f} KiB")
     return 0
 
@@ -425,7 +424,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HwprofileError(f"sweep times real kernels and needs a real NVIDIA GPU ({why}); run it on the GPU host") from None
     if prof.device.simulated:
         raise HwprofileError(
-            f"sweep times real kernels: {prof.device.name} is simulated (unset HWPROFILE_DEVICE / --simulate and run on the GPU)"
+            f"sweep times real kernels: {prof.device.name} is simulated (unset {_env.DEVICE.name} / --simulate and run on the GPU)"
         )
     try:
         import torch
@@ -506,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = argparse.ArgumentParser(add_help=False)
     simulate.add_argument(
         "--simulate", metavar="NAME", type=_device_name,
-        help="simulate a GPU (sets HWPROFILE_DEVICE): a name from 'hwprofile devices', sm_XY / X.Y, or a comma list",
+        help=f"simulate a GPU (sets {_env.DEVICE.name}): a name from 'hwprofile devices', sm_XY / X.Y, or a comma list",
     )
     js = argparse.ArgumentParser(add_help=False)
     js.add_argument("--json", action="store_true", help="machine-readable output")
@@ -562,9 +561,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-TRACEBACK_ENV = "HWPROFILE_TRACEBACK"
-
-
 def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     """Run one command. Bad input or a broken environment ends in one line on stderr and a non-zero exit:
     2 for a hwprofile error (bad name, plugin, setting, kernel), 1 for the system refusing (full disk,
@@ -575,12 +571,13 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     program itself (``program=True``, :func:`console`) points a failed stdout at /dev/null.
     """
     simulate = None
-    before = os.environ.get("HWPROFILE_DEVICE")
+    simulate_var = _env.DEVICE.name
+    before = os.environ.get(simulate_var)  # the caller's raw value, restored below
     try:
         args = build_parser().parse_args(argv)  # --version prints here: a closed pipe is handled below too
         simulate = getattr(args, "simulate", None)
         if simulate:
-            os.environ["HWPROFILE_DEVICE"] = simulate
+            os.environ[simulate_var] = simulate
             from .profiles import reset
 
             reset()
@@ -603,15 +600,15 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
             raise  # an engine calling main() in its own process keeps its Ctrl-C
         return _fail("interrupted", 130)
     except Exception as exc:
-        if os.environ.get(TRACEBACK_ENV):
+        if _env.TRACEBACK.read():
             raise
-        return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {TRACEBACK_ENV}=1 to see where", 3)
+        return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {_env.TRACEBACK.name}=1 to see where", 3)
     finally:
         if simulate:
             if before is None:
-                os.environ.pop("HWPROFILE_DEVICE", None)
+                os.environ.pop(simulate_var, None)
             else:
-                os.environ["HWPROFILE_DEVICE"] = before
+                os.environ[simulate_var] = before
             from .profiles import reset
 
             reset()  # the caller's next profile() sees its own environment again

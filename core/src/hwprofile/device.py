@@ -3,7 +3,9 @@
 Detection reads NVML only (no ``cuInit``, no torch), so a process can detect and then fork workers.
 Driver attributes that only CUDA knows (SM count, opt-in shared memory, L2 size) are read through
 cuda-python on demand, by :meth:`DeviceInfo.attributes`, and their absence is not an error.
-Simulated devices (``HWPROFILE_DEVICE``) come from :mod:`hwprofile.catalog`.
+Simulated devices (``HWPROFILE_DEVICE``) come from :mod:`hwprofile.catalog`; entries that plugins
+contribute are passed in by the caller (``plugin_catalog``), so detection never imports the
+registry or the profiles (``hwprofile.detect`` is :func:`hwprofile.profiles.detect`, which passes them).
 """
 
 from __future__ import annotations
@@ -11,17 +13,21 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from . import _state
+from . import _env, _state
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import DeviceError
 
+if TYPE_CHECKING:
+    from .catalog import CatalogEntry
+
+    #: What a caller passes to reach the plugins' catalog entries (``Registry.catalog_entries``); called only when needed.
+    PluginCatalog = Callable[[], Mapping[str, CatalogEntry]]
+
 log = get_logger(__name__)
 _T = TypeVar("_T")
-
-SIMULATE_ENV = "HWPROFILE_DEVICE"
 
 
 @final
@@ -53,6 +59,7 @@ class DeviceInfo(Record):
     __slots__ = (
         "index", "name", "compute_capability", "simulated", "uuid", "pci_bus_id", "memory_bytes", "max_sm_clock_mhz",
         "max_memory_clock_mhz", "memory_bus_width_bits", "driver_version", "cuda_driver_version", "catalog_key",
+        "catalog_attributes",
     )
 
     #: CUDA's index of the device in this process (after ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
@@ -75,6 +82,9 @@ class DeviceInfo(Record):
     cuda_driver_version: tuple[int, int] | None
     #: The catalog entry a simulated device came from.
     catalog_key: str | None
+    #: A simulated device's driver attributes, from its catalog entry (what :meth:`attributes` returns
+    #: for it); ``None`` for a real GPU, whose attributes are read from the driver.
+    catalog_attributes: DriverAttributes | None
 
     def __init__(
         self,
@@ -91,6 +101,7 @@ class DeviceInfo(Record):
         driver_version: str | None = None,
         cuda_driver_version: tuple[int, int] | None = None,
         catalog_key: str | None = None,
+        catalog_attributes: DriverAttributes | None = None,
     ) -> None:
         _set(self, "index", index)
         _set(self, "name", name)
@@ -105,6 +116,7 @@ class DeviceInfo(Record):
         _set(self, "driver_version", driver_version)
         _set(self, "cuda_driver_version", cuda_driver_version)
         _set(self, "catalog_key", catalog_key)
+        _set(self, "catalog_attributes", catalog_attributes)
 
     @property
     def sm(self) -> str:
@@ -112,12 +124,10 @@ class DeviceInfo(Record):
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 
     def attributes(self) -> DriverAttributes:
-        """SM count, opt-in shared memory per block and L2 size, read lazily (may initialise CUDA)."""
-        if self.simulated and self.catalog_key is not None:
-            from . import catalog
-
-            e = catalog.lookup(self.catalog_key)
-            return DriverAttributes(e.sm_count, e.max_shared_memory_per_block_optin, e.l2_cache_bytes)
+        """SM count, opt-in shared memory per block and L2 size: a simulated device's from its catalog
+        entry, a real GPU's read lazily from the driver (may initialise CUDA)."""
+        if self.catalog_attributes is not None:
+            return self.catalog_attributes
         return _driver_attributes(self.index)
 
     def as_dict(self) -> dict[str, object]:
@@ -159,7 +169,7 @@ class Detection(Record):
     def device(self, index: int) -> DeviceInfo:
         """Device ``index`` in CUDA numbering, or an error that says what is visible."""
         if not self.devices:
-            raise DeviceError(f"no NVIDIA GPU: {self.reason}. Simulate one with HWPROFILE_DEVICE=<name>, e.g. h200.")
+            raise DeviceError(f"no NVIDIA GPU: {self.reason}. Simulate one with {_env.DEVICE.name}=<name>, e.g. h200.")
         if not 0 <= index < len(self.devices):
             raise DeviceError(
                 f"device {index} does not exist: {len(self.devices)} device(s) visible "
@@ -168,28 +178,37 @@ class Detection(Record):
         return self.devices[index]
 
 
-_Key = tuple[str | None, str | None, str | None]
+#: What decides a detection: the simulated names (empty: the real GPUs), CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER.
+_Key = tuple[tuple[str, ...], str | None, str | None]
 _detections: dict[_Key, Detection] = {}
 
 
 def _key(environ: Mapping[str, str] | None) -> _Key:
     env = os.environ if environ is None else environ
-    return env.get(SIMULATE_ENV), env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
+    return _env.DEVICE.read(env), env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
 
 
-def detect(environ: Mapping[str, str] | None = None) -> Detection:
-    """Detect the visible devices (cached per relevant environment), honouring the simulation variable."""
+def detect(environ: Mapping[str, str] | None = None, plugin_catalog: PluginCatalog | None = None) -> Detection:
+    """Detect the visible devices (cached per relevant environment), honouring the simulation variable.
+
+    ``plugin_catalog`` returns the plugins' catalog entries, for a simulated name that is neither
+    built in nor a capability (without it such a name is unknown): :func:`hwprofile.profiles.detect`
+    passes the process registry's.
+    """
     key = _key(environ)
     found = _detections.get(key)
     if found is None:
-        found = _detections[key] = _detect(*key)
+        found = _detections[key] = _detect(*key, plugin_catalog=plugin_catalog)
     return found
 
 
-def _detect(simulate: str | None, visible: str | None, order: str | None, publish: Callable[[Detection], None] | None = None) -> Detection:
+def _detect(
+    simulate: tuple[str, ...], visible: str | None, order: str | None, publish: Callable[[Detection], None] | None = None,
+    plugin_catalog: PluginCatalog | None = None,
+) -> Detection:
     """Detect for one environment key; ``publish`` gets the result before NVML's teardown."""
     if simulate:
-        return simulated_detection(simulate)
+        return _simulate(simulate, plugin_catalog)
 
     def finish(raw: list[_Raw], reason: str | None) -> Detection:
         if not raw:
@@ -219,16 +238,21 @@ def clear_cache() -> None:
     _driver_attributes.cache_clear()
 
 
-def simulated_detection(spec: str) -> Detection:
-    """Devices from a comma list of catalog names: ``"gb300,rtx-pro-6000"`` is devices 0 and 1."""
-    from . import catalog  # only simulation needs it: a real GPU's first profile() does not load it
-
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+def simulated_detection(spec: str, plugin_catalog: PluginCatalog | None = None) -> Detection:
+    """Devices from a comma list of catalog names, as ``HWPROFILE_DEVICE`` reads it: ``"gb300,rtx-pro-6000"``
+    is devices 0 and 1. ``plugin_catalog`` as for :func:`detect`."""
+    names = _env.DEVICE.parse(spec)
     if not names:
-        raise DeviceError(f"{SIMULATE_ENV}={spec!r} names no device; known devices: {', '.join(sorted(catalog.CATALOG))}")
+        raise _env.DEVICE.refused(spec)
+    return _simulate(names, plugin_catalog)
+
+
+def _simulate(names: tuple[str, ...], plugin_catalog: PluginCatalog | None) -> Detection:
+    from . import catalog  # only simulation needs it here
+
     devices = []
     for i, name in enumerate(names):
-        e = catalog.lookup(name)
+        e = catalog.lookup(name, plugin_entries=plugin_catalog)
         devices.append(
             DeviceInfo(
                 index=i,
@@ -240,6 +264,7 @@ def simulated_detection(spec: str) -> Detection:
                 max_memory_clock_mhz=e.max_memory_clock_mhz,
                 memory_bus_width_bits=e.memory_bus_width_bits,
                 catalog_key=name.strip().lower(),
+                catalog_attributes=DriverAttributes(e.sm_count, e.max_shared_memory_per_block_optin, e.l2_cache_bytes),
             )
         )
     return Detection(tuple(devices), simulated=True)

@@ -14,11 +14,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import _env
+
 _WHEELS = (
     "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime",
     "nvidia-cuda-runtime-cu12", "nvidia-cublas", "nvidia-cublas-cu12", "nvidia-ml-py", "pluggy",
 )
-_ENV_PREFIXES = ("HWPROFILE_",)
+_ENV_PREFIXES = (_env.PREFIX,)  # every control variable (_env.VARS) and every setting's variable
 _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_PATH", "CUDA_HOME", "CUDA_MODULE_LOADING", "TORCH_CUDA_ARCH_LIST")
 
 
@@ -49,7 +51,7 @@ class Report:
 def _torch() -> tuple[str | None, str | None]:
     """torch's version and the CUDA it was built for (``None`` for a CPU build), importing torch as
     collect_env does; ``(None, None)`` when torch is not installed."""
-    from .registry import installed_version
+    from ._entrypoints import installed_version
 
     if installed_version("torch") is None:
         return None, None
@@ -63,9 +65,10 @@ def _torch() -> tuple[str | None, str | None]:
 
 def collect() -> Report:
     """The whole report; :func:`run_checks` is its ``checks``."""
-    from . import __version__, device, kernels
-    from ._entrypoints import find_entry_points
-    from .registry import ENTRY_POINT_GROUP, installed_version
+    from . import __version__, kernels
+    from ._entrypoints import find_entry_points, installed_version
+    from .profiles import detect
+    from .registry import ENTRY_POINT_GROUP
 
     r = Report()
     v = r.versions
@@ -88,7 +91,7 @@ def collect() -> Report:
         nv = None
         v["nvrtc"] = f"not usable ({exc})"
     r.environment = {k: val for k, val in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES}
-    det = device.detect()
+    det = detect()
     r.devices = [d.as_dict() for d in det.devices]
     real = [d for d in det.devices if not d.simulated]
     if real:
@@ -105,7 +108,8 @@ def _paths(det: Any) -> dict[str, str | None]:
 
     out: dict[str, str | None] = {}
     try:
-        out["kernel cache"] = f"{kernels.cache_dir(create=False)}{'' if kernels.cache_enabled() else ' (disabled by HWPROFILE_CACHE)'}"
+        off = "" if kernels.cache_enabled() else f" (disabled by {_env.CACHE.name})"
+        out["kernel cache"] = f"{kernels.cache_dir(create=False)}{off}"
     except Exception as exc:  # noqa: BLE001 - a refused cache dir is part of the report
         out["kernel cache"] = f"unusable: {exc}"
     out["config"] = tuning.config_dir(os.environ)
@@ -126,12 +130,12 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
     if det.devices:
         names = ", ".join(f"{d.index}: {d.name} ({d.sm}{', simulated' if d.simulated else ''})" for d in det.devices)
         out.append(
-            Check("devices", "INFO" if det.simulated else "OK", names + (" [simulated by HWPROFILE_DEVICE]" if det.simulated else ""))
+            Check("devices", "INFO" if det.simulated else "OK", names + (f" [simulated by {_env.DEVICE.name}]" if det.simulated else ""))
         )
     else:
         out.append(Check("devices", "INFO", f"no NVIDIA GPU ({det.reason}); compile-only use and simulation still work"))
     out.append(_cache_check())
-    from .registry import installed_version
+    from ._entrypoints import installed_version
 
     bindings = installed_version("cuda-bindings")
     if bindings is not None:
@@ -192,7 +196,7 @@ def _cache_check() -> Check:
     from .errors import CacheError
 
     if not kernels.cache_enabled():
-        return Check("kernel cache", "INFO", "disabled by HWPROFILE_CACHE: every process compiles its kernels")
+        return Check("kernel cache", "INFO", f"disabled by {_env.CACHE.name}: every process compiles its kernels")
     try:
         path = kernels.cache_dir(create=False)
     except CacheError as exc:
@@ -210,7 +214,7 @@ def render(r: Report) -> str:
     width = max(len(k) for k in [*r.versions, *r.paths, "x"]) + 2
     lines = ["versions:"]
     lines += [f"  {k:<{width}}{val if val is not None else '-'}" for k, val in r.versions.items()]
-    lines += ["environment:"] + ([f"  {k}={val}" for k, val in r.environment.items()] or ["  (no HWPROFILE_* or CUDA_* variable set)"])
+    lines += ["environment:"] + ([f"  {k}={val}" for k, val in r.environment.items()] or [f"  (no {_env.PREFIX}* or CUDA_* variable set)"])
     lines += ["paths:"] + [f"  {k:<{width}}{val if val is not None else '-'}" for k, val in r.paths.items()]
     lines += ["checks:"]
     for c in r.checks:

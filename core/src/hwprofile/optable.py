@@ -3,12 +3,15 @@
 One :class:`OpDef` per op holds every fact about the op that more than one module needs: its
 contract (argument names, dtypes, output dtype), the settings that gate its kernel (declared here,
 turned into :class:`~hwprofile.settings.Setting` objects by ``settings.py``), the dispatch bounds
-(constants or setting keys), the fallback (the ``hwprofile.ops`` function that runs it and the
-identity string stamps record), the default sweep grid and the kind of threshold a sweep chooses.
+(constants or setting keys), the identity string of its fallback that tuning stamps record, the
+default sweep grid and the kind of threshold a sweep chooses.
 
-``hwprofile.ops`` routes with it, ``decide()`` explains with it, ``sweep`` measures and writes with
-it, ``stamps`` records its fallback identity, ``skinny`` (the kernel specs) reads its dtypes and
-scale modes, and the CLI lists it. Adding an op is one entry in :data:`OPS` plus a kernel.
+Every consumer iterates :data:`OPS` rather than keeping its own list: ``hwprofile.ops`` builds one
+run-time entry per op and refuses to import when one lacks a fallback (``ops._fallbacks.FALLBACKS``,
+keyed by this table) or a public function; ``decide()`` explains with it, ``sweep`` measures and
+writes with it, ``tuning`` stamps its fallback identity, ``kernels.skinny_gemm`` reads its dtypes
+and scale modes, the CLI lists it, and tests/ops/ runs its contract suite over it. Adding an op:
+docs/architecture.md, "Adding an op".
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ class OpDef:
         "args",
         "doc",
         "fallback",
-        "fallback_impl",
         "grid",
         "k_multiple",
         "k_vec",
@@ -60,8 +62,7 @@ class OpDef:
     out_dtype: str  #: torch dtype name of the result ``[..., N]``, on every path
     scale_modes: tuple[int, ...]  #: kernel scale modes (``(NO_SCALE,)`` for unscaled ops)
     k_vec: int  #: K elements per 16-byte load of the weight: the kernels need K % k_vec == 0
-    fallback: str  #: identity of the fallback that stamps record (change it when the fallback changes)
-    fallback_impl: str  #: name of the ``hwprofile.ops`` function that runs the fallback on 2-D operands
+    fallback: str  #: identity of the fallback tuning stamps record; the function is ``hwprofile.ops._fallbacks.FALLBACKS[name]``
     max_m: Bound  #: largest M (rows of x after flattening the leading dims) the kernel takes
     min_n: Bound  #: smallest N the kernel is dispatched for
     max_n: Bound  #: largest N
@@ -71,11 +72,11 @@ class OpDef:
     k_multiple: Bound  #: K must be a multiple of this (and of ``k_vec``)
     roof: tuple[Bound, Bound] | None  #: [lo, hi) range of N left to the fallback (near the bandwidth roof)
     threshold: str  #: what a sweep chooses: "max_tokens" (a prefix in M) or "box" (an N x K box at M = 1)
-    grid: tuple[tuple[int, int, int], ...]  #: default sweep grid (M, N, K); also the kernels' pre-built shapes
+    grid: tuple[tuple[int, int, int], ...]  #: default sweep grid (M, N, K), and the grid a stamp's launch-plan digest covers
     settings: tuple[SettingDecl, ...]  #: the op's settings, declared here once
 
     def __init__(
-        self, name: str, doc: str, *, args: tuple[str, ...], w_dtype: str, out_dtype: str, fallback: str, fallback_impl: str,
+        self, name: str, doc: str, *, args: tuple[str, ...], w_dtype: str, out_dtype: str, fallback: str,
         max_m: Bound, min_n: Bound, max_n: Bound, min_k: Bound, max_k: Bound, threshold: str, grid: tuple[tuple[int, int, int], ...],
         settings: tuple[SettingDecl, ...], n_multiple: Bound = 1, k_multiple: Bound = 1, roof: tuple[Bound, Bound] | None = None,
         x_dtype: str = "bfloat16", scale_modes: tuple[int, ...] = (NO_SCALE,),
@@ -83,7 +84,7 @@ class OpDef:
         self.name, self.doc, self.args = name, doc, args
         self.x_dtype, self.w_dtype, self.out_dtype, self.scale_modes = x_dtype, w_dtype, out_dtype, scale_modes
         self.k_vec = 16 if w_dtype.startswith("float8") else 8
-        self.fallback, self.fallback_impl = fallback, fallback_impl
+        self.fallback = fallback
         self.max_m, self.min_n, self.max_n, self.n_multiple = max_m, min_n, max_n, n_multiple
         self.min_k, self.max_k, self.k_multiple, self.roof = min_k, max_k, k_multiple, roof
         if threshold not in ("max_tokens", "box"):
@@ -161,7 +162,6 @@ ROUTER_GEMM = OpDef(
     w_dtype="bfloat16",
     out_dtype="float32",
     fallback=MM_FP32,
-    fallback_impl="_mm_fp32",
     max_m="router_gemm.max_tokens",
     min_n="router_gemm.min_n",
     max_n="router_gemm.max_n",
@@ -187,7 +187,6 @@ LINEAR_BF16_FP32 = OpDef(
     w_dtype="bfloat16",
     out_dtype="float32",
     fallback=MM_FP32,
-    fallback_impl="_mm_fp32",
     max_m="linear_bf16_fp32.max_tokens",
     min_n="linear_bf16_fp32.min_n",
     max_n="linear_bf16_fp32.max_n",
@@ -213,7 +212,6 @@ GEMV = OpDef(
     w_dtype="bfloat16",
     out_dtype="bfloat16",
     fallback="torch.nn.functional.linear",
-    fallback_impl="_linear",
     max_m=1,
     min_n="gemv.min_n",
     max_n="gemv.max_n",
@@ -245,7 +243,6 @@ FP8_GEMV = OpDef(
     out_dtype="bfloat16",
     scale_modes=(TENSOR_SCALE, ROW_SCALE),
     fallback="chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale",
-    fallback_impl="_fp8_fallback",
     max_m=1,
     min_n="fp8_gemv.min_n",
     max_n="fp8_gemv.max_n",

@@ -2,7 +2,12 @@
 
 ``profile(device)`` is cached per device and process; :func:`reset` forgets everything (after the
 environment or the installed plugins change). Resolving imports neither torch nor CUDA.
-Tuned files, stamps and staleness live in :mod:`hwprofile.tuning`.
+Tuned files, stamps and staleness live in :mod:`hwprofile.tuning`. Never imports the plugin-author
+API (:mod:`hwprofile.plugin`), which builds on this module.
+
+:func:`detect` (``hwprofile.detect``) lives here, not in :mod:`hwprofile.device`: a simulated
+device may be named by a plugin's catalog entry, which only the registry knows, and detection sits
+below the registry.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ._record import Record, _set, final
 from .errors import PluginError, SettingError
 
 if TYPE_CHECKING:  # imported inside functions: a first profile() loads them while NVML starts (_first_profile)
+    from .catalog import CatalogEntry
     from .kernels.spec import KernelSpec
     from .registry import PluginInfo, Registry, Selection
     from .settings import ResolvedEnvDefault, ResolvedSetting
@@ -234,10 +240,31 @@ def registry() -> Registry:
     _refuse_reentry("registry()")
     with _lock:
         if _registry is None:
+            # Every plugin imports the plugin API (hwprofile.plugin, which builds on this module and
+            # so is not imported here), and every profile needs these modules of it: loaded before
+            # the first plugin, their cost is not charged to whichever plugin loads first in
+            # Registry.import_seconds (the plugin API's own module is, a few ms).
+            from . import settings, tuning  # noqa: F401
+            from .kernels import spec  # noqa: F401
             from .registry import Registry
 
             _registry = Registry().load_entry_points()
         return _registry
+
+
+def _plugin_catalog() -> dict[str, CatalogEntry]:
+    """The process registry's catalog entries (loads the plugins): what detection asks for a plugin's device name."""
+    return registry().catalog_entries()
+
+
+def detect(environ: Mapping[str, str] | None = None) -> _device.Detection:
+    """Detect the visible devices (``hwprofile.detect``): :func:`hwprofile.device.detect`, where a
+    simulated device (``HWPROFILE_DEVICE``) may also be one an installed plugin's catalog entry names.
+
+    Cached per relevant environment; the plugins are loaded only for a name that is neither built in
+    nor a capability.
+    """
+    return _device.detect(environ, plugin_catalog=_plugin_catalog)
 
 
 def reset() -> None:
@@ -299,11 +326,11 @@ def profile(device: int | str | Any = None) -> Profile:
         if cached is not None:
             return cached
         if _registry is not None:
-            prof = build_profile(_device.detect().device(index), _registry, os.environ)
+            prof = build_profile(detect().device(index), _registry, os.environ)
         else:
             from ._first_profile import first_profile
 
-            prof = first_profile(index, registry)
+            prof = first_profile(index, registry, build_profile)
         _profiles[index] = prof
         log.debug(
             "profile for device %d (%s): plugin %s, fingerprint %s",
@@ -331,15 +358,15 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     check_environment(environ, (s.env_var for s in resolver.declared.values()))
     from . import tuning
 
-    staleness = tuning.Staleness(info, selection, kernels, environ)
+    staleness = tuning.Staleness(info, selection, kernels)
     participants = reg.participants(selection.plugin, "hwprofile_settings")
     for p in participants:
         values = reg._call_plugin("hwprofile_settings", p, device=info, resolved=MappingProxyType(resolver.current()))
         resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}", check=staleness.shipped)
-    staleness.report()
     tuning.add_tuned_layers(resolver, info, staleness, environ)
     resolver.add_user_env(environ)
     settings = resolver.resolved()
+    staleness.report(settings["strict"])  # after resolving: the one reading of strict is the setting's value
     values = MappingProxyType({k: s.value for k, s in settings.items()})
 
     env_defaults: dict[str, ResolvedEnvDefault] = {}
@@ -384,6 +411,6 @@ def fingerprint(
         ("target", selection.target),
         ("settings", tuple(sorted((k, s.value) for k, s in settings.items()))),
         ("env", tuple(sorted((k, d.value) for k, d in env.items()))),
-        ("kernels", tuple(sorted((k, spec.source_digest(with_cuda_headers=False), tuple(spec.instances)) for k, spec in kernels.items()))),
+        ("kernels", tuple(sorted((k, spec.source_digest(), tuple(spec.instances)) for k, spec in kernels.items()))),
     )
     return hashlib.sha256(repr(doc).encode()).hexdigest()[:16]

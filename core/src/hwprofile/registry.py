@@ -5,6 +5,10 @@ One pluggy ``PluginManager`` for project ``hwprofile``. Plugins come from the en
 name is the plugin's name everywhere. Loading is done one entry point at a time (not
 ``load_setuptools_entrypoints``) so that a broken plugin is reported by name, distribution and
 version instead of stopping the whole load anonymously.
+
+Never imports the plugin-author API (:mod:`hwprofile.plugin`), settings or profiles: they sit above
+it. Its control variables (``HWPROFILE_PLUGIN``, ``HWPROFILE_PLUGIN_FORCE``,
+``HWPROFILE_DISABLE_PLUGINS``) are read through :mod:`hwprofile._env`.
 """
 
 from __future__ import annotations
@@ -14,29 +18,23 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from . import hookspecs
-
-# Re-exported under their old address (they were defined here before the scan moved to _entrypoints).
-from ._entrypoints import EntryPoint as EntryPoint
-from ._entrypoints import _entry_points_slow as _entry_points_slow
-from ._entrypoints import clear_cache as clear_cache
+from . import _env, hookspecs
 from ._entrypoints import find_entry_points
-from ._entrypoints import installed_version as installed_version
 from ._log import get_logger
 from ._record import Record, _set, final
 from .device import DeviceInfo
 from .errors import PluginError
 
+if TYPE_CHECKING:
+    from .catalog import CatalogEntry
+
 log = get_logger(__name__)
 
 ENTRY_POINT_GROUP = "hwprofile.plugins"
-PIN_ENV = "HWPROFILE_PLUGIN"
-FORCE_ENV = "HWPROFILE_PLUGIN_FORCE"
-DISABLE_ENV = "HWPROFILE_DISABLE_PLUGINS"
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?\Z")
 #: A plugin whose import takes longer than this gets a warning naming it (every process pays it).
 SLOW_IMPORT_S = 1.0
@@ -166,20 +164,23 @@ class Registry:
         self.plugins: dict[str, PluginInfo] = {}
         #: Seconds each entry-point plugin took to import and register (``hwprofile plugins`` shows them).
         self.import_seconds: dict[str, float] = {}
-        self.disabled: list[str] = [n.strip() for n in self.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
+        self.disabled: list[str] = list(_env.DISABLE_PLUGINS.read(self.environ))
         for name in self.disabled:
             self.pm.set_blocked(name)
 
     # --- loading ------------------------------------------------------------------------------
 
     def load_entry_points(self) -> Registry:
-        """Import and register every plugin of the ``hwprofile.plugins`` group, one by one."""
+        """Import and register every plugin of the ``hwprofile.plugins`` group, one by one.
+
+        Each plugin's :attr:`import_seconds` include what its import loads first. The modules the
+        plugin API builds on (settings, tuning, kernel specs) are loaded before the first plugin by
+        :func:`hwprofile.profiles.registry`; :mod:`hwprofile.plugin` itself, which this module must
+        not import (it builds on the registry), is charged to the first plugin loaded (a few ms).
+        """
         seen: dict[str, str] = {}
+        disable = _env.DISABLE_PLUGINS.name
         eps = sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name)
-        if eps:
-            # every plugin imports the plugin API; imported here, its cost is not charged to whichever
-            # plugin happens to load first in import_seconds
-            from . import plugin  # noqa: F401
         for ep in eps:
             if ep.name in seen and seen[ep.name] != ep.distribution:
                 raise PluginError(
@@ -188,7 +189,7 @@ class Registry:
                 )
             seen[ep.name] = ep.distribution or "?"
             if self.pm.is_blocked(ep.name):
-                log.info("plugin %s (%s) is disabled by %s", ep.name, ep.distribution, DISABLE_ENV)
+                log.info("plugin %s (%s) is disabled by %s", ep.name, ep.distribution, disable)
                 continue
             if ep.name in self.plugins:
                 continue
@@ -201,7 +202,7 @@ class Registry:
                 except Exception as exc:
                     raise PluginError(
                         f"plugin {ep.name!r} ({ep.distribution} {ep.version}) failed to import {ep.value!r}: "
-                        f"{type(exc).__name__}: {exc}. Fix or reinstall it, or disable it with {DISABLE_ENV}={ep.name}"
+                        f"{type(exc).__name__}: {exc}. Fix or reinstall it, or disable it with {disable}={ep.name}"
                     ) from exc
                 self.register(obj, ep.name, distribution=ep.distribution, version=ep.version)
             seconds = self.import_seconds[ep.name] = time.perf_counter() - t0
@@ -210,7 +211,7 @@ class Registry:
                 log.warning(
                     "plugin %s (%s %s) took %.1f s to import; every process pays this on its first profile(). "
                     "Make its module-level work lazy, or disable it with %s=%s",
-                    ep.name, ep.distribution, ep.version, seconds, DISABLE_ENV, ep.name,
+                    ep.name, ep.distribution, ep.version, seconds, disable, ep.name,
                 )
         unknown = [n for n in self.disabled if n not in seen]
         if unknown:
@@ -219,7 +220,7 @@ class Registry:
             guesses = [g for n in unknown for g in difflib.get_close_matches(n, sorted(seen), n=1, cutoff=0.5)]
             log.warning(
                 "%s names %s, which no installed plugin is called; %sinstalled plugins: %s",
-                DISABLE_ENV, ", ".join(unknown), f"did you mean {', '.join(guesses)}? " if guesses else "",
+                disable, ", ".join(unknown), f"did you mean {', '.join(guesses)}? " if guesses else "",
                 ", ".join(sorted(seen)) or "none",
             )
         return self
@@ -309,6 +310,18 @@ class Registry:
         downstream = [self.plugins[n] for n in order if n in self.plugins and self.plugins[n].arch is None]
         return ([selected] if selected is not None else []) + downstream
 
+    def catalog_entries(self) -> dict[str, CatalogEntry]:
+        """The catalog entries the registered plugins contribute (hook ``hwprofile_catalog``), by name.
+
+        Each plugin is asked in name order; :func:`hwprofile.catalog.merge_plugin_entries` checks
+        what it returns. Callers pass this to detection (``plugin_catalog``), which never imports
+        the registry.
+        """
+        from . import catalog
+
+        plugins = sorted(self.plugins.values(), key=lambda p: p.name)
+        return catalog.merge_plugin_entries((p.label, self._call_plugin("hwprofile_catalog", p)) for p in plugins)
+
     # --- selection ----------------------------------------------------------------------------
 
     @property
@@ -316,38 +329,37 @@ class Registry:
         return [p for p in self.plugins.values() if p.arch is not None]
 
     def select(self, device: DeviceInfo) -> Selection:
-        """Pick the one architecture plugin for ``device`` (exact capability; pin with HWPROFILE_PLUGIN)."""
+        """Pick the one architecture plugin for ``device`` (exact capability; pin with ``HWPROFILE_PLUGIN``)."""
         cc = device.compute_capability
-        pin = self.environ.get(PIN_ENV, "").strip()
-        if pin:
+        pin_var, force_var, disable = _env.PLUGIN.name, _env.PLUGIN_FORCE.name, _env.DISABLE_PLUGINS.name
+        pin = _env.PLUGIN.read(self.environ)
+        if pin is not None:
             info = self.plugins.get(pin)
             if info is None or info.arch is None:
                 archs = ", ".join(p.name for p in self.arch_plugins) or "none installed"
                 state = "disabled" if pin in self.disabled else "not an installed architecture plugin"
-                raise PluginError(f"{PIN_ENV}={pin!r} is {state}; architecture plugins: {archs}")
+                raise PluginError(f"{pin_var}={pin!r} is {state}; architecture plugins: {archs}")
             target = info.arch.target_for(cc)
             if target is None:
-                from .settings import parse_switch
-
                 target = info.arch.targets[info.arch.capabilities[-1]]
-                if not parse_switch(self.environ, FORCE_ENV, default=False):
+                if not _env.PLUGIN_FORCE.read(self.environ):
                     raise PluginError(
-                        f"{PIN_ENV}={pin} pins {info.label}, which does not claim {device.sm} ({device.name}): its {target} "
-                        f"kernels cannot load there. Unset {PIN_ENV}, pin a plugin that claims {device.sm}, or set "
-                        f"{FORCE_ENV}=1 to use it anyway (settings only; kernels will fail and fall back)"
+                        f"{pin_var}={pin} pins {info.label}, which does not claim {device.sm} ({device.name}): its {target} "
+                        f"kernels cannot load there. Unset {pin_var}, pin a plugin that claims {device.sm}, or set "
+                        f"{force_var}=1 to use it anyway (settings only; kernels will fail and fall back)"
                     )
                 log.warning(
                     "%s=%s pins a plugin that does not claim %s (%s); kernels will be built for %s",
-                    PIN_ENV, pin, device.sm, device.name, target,
+                    pin_var, pin, device.sm, device.name, target,
                 )
-                return Selection(info, target, f"pinned by {PIN_ENV}={pin} (it does not claim {device.sm})")
-            return Selection(info, target, f"pinned by {PIN_ENV}={pin}")
+                return Selection(info, target, f"pinned by {pin_var}={pin} (it does not claim {device.sm})")
+            return Selection(info, target, f"pinned by {pin_var}={pin}")
         claimants = [p for p in self.arch_plugins if p.arch is not None and p.arch.target_for(cc) is not None]
         if len(claimants) > 1:
             who = " and ".join(p.label for p in claimants)
             raise PluginError(
                 f"{who} both claim compute capability {cc[0]}.{cc[1]} ({device.name}); uninstall one, "
-                f"or pin one with {PIN_ENV}=<name>, or disable one with {DISABLE_ENV}=<name>"
+                f"or pin one with {pin_var}=<name>, or disable one with {disable}=<name>"
             )
         if not claimants:
             return Selection(None, None, f"no installed architecture plugin serves {device.sm} ({device.name}); core defaults apply")

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from . import _env
 from .errors import HwprofileError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
@@ -60,7 +61,7 @@ def hwprofile_arch() -> ArchSpec:
 
 @hookimpl
 def hwprofile_catalog() -> dict[str, CatalogEntry]:
-    # A simulated device for CI without the GPU: HWPROFILE_DEVICE={device}, --simulate {device},
+    # A simulated device for CI without the GPU: {device_var}={device}, --simulate {device},
     # pytest --hwprofile-device={device}. The numbers are those of hwprofile's nearest built-in GPU
     # ({base}): replace them with your GPU's published ones.
     return {{
@@ -81,7 +82,7 @@ def hwprofile_declare_settings() -> list[Setting]:
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    # Each value says why; a measured threshold would also carry a hwprofile.plugin.Stamp.
+    # Each value says why; a measured threshold also carries its sweep's stamp (hwprofile.plugin.measured_stamp).
     return {{
         f"{{NAME}}.example_flag": Value(True, "why this architecture wants the flag on"),
         "router_gemm.max_tokens": Value(0, "no router GEMM kernel for this architecture yet"),
@@ -137,7 +138,7 @@ def test_selected_for_its_capability():
 def test_simulated_device_from_its_catalog_entry():
     from hwprofile import detect
 
-    device = detect({{"HWPROFILE_DEVICE": "{device}"}}).devices[0]  # found through this plugin's hwprofile_catalog
+    device = detect({{"{device_var}": "{device}"}}).devices[0]  # found through this plugin's hwprofile_catalog
     assert device.simulated and device.compute_capability == ({major}, {minor})
 
 
@@ -187,6 +188,7 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
     fmt = {
         "name": name, "major": major, "minor": minor, "target": target, "upper": name.upper(), "arch_num": arch_num,
         "core_pin": f"hwprofile>={cmaj}.{cmin}.0,<{cmaj}.{cmin + 1}", "device": f"{name.replace('_', '-')}-gpu",
+        "device_var": _env.DEVICE.name,
         "device_name": f"NVIDIA GPU, compute capability {major}.{minor}", "base": f"{base_key}: {base.name}",
         "memory_bytes": base.memory_bytes, "sm_count": base.sm_count, "l2_cache_bytes": base.l2_cache_bytes,
         "smem": base.max_shared_memory_per_block_optin, "bus": base.memory_bus_width_bits, "sm_clock": base.max_sm_clock_mhz,

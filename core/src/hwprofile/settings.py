@@ -3,7 +3,13 @@
 Layers, lowest to highest: core default < architecture plugin < downstream plugins (pluggy order)
 < tuned-thresholds file < the user's explicit ``HWPROFILE_*`` variable. A variable that is present
 counts as set, even ``"0"`` or ``""``. Nothing here touches ``os.environ`` except
-:func:`apply_env_defaults`, which only fills variables the user left unset.
+:func:`apply_env_defaults`, which only fills variables the user left unset. Never imports the
+registry, the profiles or the kernel pipeline.
+
+The core settings ``strict`` and ``deterministic`` are declared by their control variables'
+records in :mod:`hwprofile._env` (:data:`CORE_SETTINGS` builds them from those), and a ``bool``
+setting parses its variable with :func:`hwprofile._env.switch`, the parser of every on/off control
+variable: one reading of on and off.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from . import _state
+from . import _env, _state
 from ._record import Record, _set, final
 from .errors import SettingError
 
@@ -28,8 +34,6 @@ LayerKind = Literal["core", "declared", "arch", "downstream", "tuned", "env"]
 
 _KEY_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\Z")
 _TYPES = ("bool", "int", "float", "str", "enum")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 @final
@@ -79,13 +83,13 @@ class Setting(Record):
 
     @property
     def env_var(self) -> str:
-        """``HWPROFILE_`` + the key upper-cased, dots as underscores."""
-        return "HWPROFILE_" + self.key.upper().replace(".", "_")
+        """``HWPROFILE_`` (:data:`hwprofile._env.PREFIX`) + the key upper-cased, dots as underscores."""
+        return _env.PREFIX + self.key.upper().replace(".", "_")
 
     def allowed(self) -> str:
         """Human description of the allowed values, for error messages."""
         if self.type == "bool":
-            return "a boolean (1/0, true/false, yes/no, on/off)"
+            return f"a boolean ({_env.SWITCH_VALUES})"
         if self.type == "enum":
             return "one of " + ", ".join(self.choices or ())
         if self.type in ("int", "float"):
@@ -103,12 +107,7 @@ class Setting(Record):
         value: Any
         try:
             if self.type == "bool":
-                if t.lower() in _TRUE:
-                    value = True
-                elif t.lower() in _FALSE:
-                    value = False
-                else:
-                    raise ValueError
+                value = _env.switch(t)
             elif self.type == "int":
                 value = int(t, 10)
             elif self.type == "float":
@@ -327,11 +326,12 @@ def _op_settings() -> tuple[Setting, ...]:
     )
 
 
-CORE_SETTINGS: tuple[Setting, ...] = (
-    Setting("deterministic", "bool", False, "keep every op on its torch fallback (deterministic-inference mode)"),
-    Setting("strict", "bool", False, "raise instead of warning and falling back when a kernel fails or a tuned value is stale"),
-    *_op_settings(),
-)
+def _control_settings() -> tuple[Setting, ...]:
+    """The core settings a control variable of :mod:`hwprofile._env` overrides, declared by its record."""
+    return tuple(Setting(v.setting, "bool", v.default, v.doc) for v in _env.VARS if v.setting is not None)
+
+
+CORE_SETTINGS: tuple[Setting, ...] = (*_control_settings(), *_op_settings())
 
 
 # --- resolution ----------------------------------------------------------------------------------
@@ -439,53 +439,23 @@ def apply_env_defaults(defaults: Mapping[str, ResolvedEnvDefault], environ: Muta
 
 # --- control variables and typos -----------------------------------------------------------------
 
-#: hwprofile's variables that are not settings, and what each accepts (docs/architecture.md lists them).
-CONTROL_VARS: dict[str, str] = {
-    "HWPROFILE_PLUGIN": "the name of an installed architecture plugin (pins it)",
-    "HWPROFILE_PLUGIN_FORCE": "on/off: let HWPROFILE_PLUGIN pin a plugin that does not claim the device",
-    "HWPROFILE_DISABLE_PLUGINS": "comma-separated names of installed plugins",
-    "HWPROFILE_DEVICE": "comma-separated catalog names of simulated devices",
-    "HWPROFILE_CACHE": "on/off (1/0, true/false, yes/no): the on-disk kernel cache",
-    "HWPROFILE_CACHE_DIR": "a private directory for the kernel cache",
-    "HWPROFILE_CONFIG_DIR": "a directory holding tuned/<device>/*.toml",
-    "HWPROFILE_TUNED_FILE": "tuned-threshold files, separated by the path separator",
-    "HWPROFILE_TRACEBACK": "any value: the hwprofile command shows the traceback of an unexpected error",
-}
-#: Control variables that are on/off switches, with their default.
-SWITCHES: dict[str, bool] = {"HWPROFILE_CACHE": True, "HWPROFILE_PLUGIN_FORCE": False}
-SWITCH_VALUES = "1/0, true/false, yes/no, on/off"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def parse_switch(environ: Mapping[str, str], var: str, *, default: bool) -> bool:
-    """An on/off control variable: absent means ``default``; a value outside :data:`SWITCH_VALUES` is an error."""
-    raw = environ.get(var)
-    if raw is None:
-        return default
-    t = raw.strip().lower()
-    if t in _TRUE:
-        return True
-    if t in _FALSE:
-        return False
-    raise SettingError(
-        f"{var}={raw!r} is not valid: expected one of {SWITCH_VALUES} (unset it for the default, {'on' if default else 'off'})"
-    )
-
-
 _warned_vars: set[str] = set()
 
 
 def check_environment(environ: Mapping[str, str], setting_vars: Iterable[str]) -> list[str]:
     """Reject invalid control values; warn once per unknown ``HWPROFILE_*`` variable, naming the closest known one.
 
-    Returns the warnings given now (for tests). ``setting_vars`` are the env names of every declared setting.
+    Every control variable of :data:`hwprofile._env.VARS` is read, so a refused value is one error
+    naming the variable and its accepted values. Returns the warnings given now (for tests).
+    ``setting_vars`` are the env names of every declared setting.
     """
-    for var, default in SWITCHES.items():
-        parse_switch(environ, var, default=default)
-    known = sorted({*CONTROL_VARS, *setting_vars})
+    for var in _env.VARS:
+        var.read(environ)
+    known = sorted({*(v.name for v in _env.VARS), *setting_vars})
     given = []
     for name in sorted(environ):
-        if not name.startswith("HWPROFILE_") or name in known or name in _warned_vars:
+        if not name.startswith(_env.PREFIX) or name in known or name in _warned_vars:
             continue
         _warned_vars.add(name)
         import difflib  # only for a typo: not on every profile()
@@ -507,7 +477,7 @@ def check_env_default(name: Any, value: Any, *, who: str) -> None:
             f"{who} proposes an env default named {name!r}, which is not a valid variable name "
             "(letters, digits and _, not starting with a digit)"
         )
-    if name.startswith("HWPROFILE_"):
+    if name.startswith(_env.PREFIX):
         raise SettingError(f"{who} proposes an env default for {name}: hwprofile's own variables are the user's; return settings instead")
     if isinstance(value, str) and "\0" in value:
         raise SettingError(f"{who}: env default {name} contains a NUL character, which no environment can hold")

@@ -198,7 +198,6 @@ class GpuTimer:
 
         self.prof, self.reps, self.rotate = prof, reps, rotate_bytes
         self.torch, self.ops = torch, ops
-        self.table = ops._table(prof.device.index)
         self.dev = torch.device("cuda", prof.device.index)
 
     def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
@@ -229,14 +228,13 @@ class GpuTimer:
         scales = [torch.rand(n, device=self.dev) + 0.5 for _ in ws] if fp8 else None
         x = torch.randn(m, k, device=self.dev).bfloat16()
         out = torch.empty(m, n, device=self.dev, dtype=getattr(torch, d.out_dtype))
-        mode = d.scale_modes[-1]  # per-row scale where the op has scales
         kernel: list[float] = []
         kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
-        if kernel_ok and ops._run_kernel(self.table, op, out, x, ws[0], scales[0] if scales else None, m, n, k, mode):
+        if kernel_ok and ops.run_kernel(op, out, x, ws[0], scales[0] if scales else None):
             kernel = self._graph(
-                lambda i: ops._run_kernel(self.table, op, out, x, ws[i], scales[i] if scales else None, m, n, k, mode), copies
+                lambda i: ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None), copies
             )
-        fallback_fn = getattr(ops, d.fallback_impl)  # the op's fallback, as the op table names it
+        fallback_fn = ops.fallback(op)  # the function the op dispatches to off its kernel
         if scales is not None:
             fallback = self._graph(lambda i: fallback_fn(x, ws[i], scales[i]), copies)
         else:
@@ -276,7 +274,7 @@ def run(
         prof.device,
         p.name if p else "",
         (p.version or "") if p else "",
-        spec.source_digest(with_cuda_headers=False) if spec else "",
+        spec.source_digest() if spec else "",
         date or time.strftime("%Y-%m-%d"),
         plan=stamps.plan_digest(op, spec) if spec else "",
     )

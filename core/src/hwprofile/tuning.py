@@ -20,8 +20,10 @@ that a warning fires only when it means something (a warning that fires for ever
   "changed".
 
 A stale shipped threshold still applies and is reported once per process (until ``hwprofile.reset()``);
-a stale tuned file is ignored (the shipped value applies) with one warning per file. ``HWPROFILE_STRICT=1`` turns both
-into an error. ``hwprofile explain KEY`` shows the details.
+a stale tuned file is ignored (the shipped value applies) with one warning per file. The ``strict``
+setting (``HWPROFILE_STRICT=1``, or any layer that sets it) turns both into an error: both are
+reported by :meth:`Staleness.report` once the profile's settings are resolved, so strict is read
+once, as the setting it is, never from the environment here. ``hwprofile explain KEY`` shows the details.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _state
+from . import _env, _state
+from ._entrypoints import installed_version
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import SettingError
@@ -42,12 +45,10 @@ from .optable import OPS
 if TYPE_CHECKING:
     from .device import DeviceInfo
     from .registry import Selection
-    from .settings import SettingsResolver
+    from .settings import ResolvedSetting, SettingsResolver
 
 log = get_logger(__name__)
 
-TUNED_ENV = "HWPROFILE_TUNED_FILE"
-STRICT_ENV = "HWPROFILE_STRICT"
 # A tuned file holds a stamp and a few thresholds (under 2 KiB); sweep writes raw samples elsewhere.
 # Anything much larger is not a tuned file, and parsing it would cost every first profile() (an
 # 8 MB file took 4.8 s), so it is refused with an error that says what to do.
@@ -71,8 +72,6 @@ def device_identity(d: DeviceInfo) -> str:
 
 def fallback_identity(op: str) -> dict[str, str]:
     """What decides which library kernel the op's fallback runs, read from package metadata."""
-    from .registry import installed_version
-
     cublas = installed_version(*_CUBLAS_DISTS) or "unknown"
     return {
         "function": FALLBACK_FUNCTION[op],
@@ -305,11 +304,6 @@ def changes(stamp: Stamp, now: Stamp, *, real_gpu: bool = True) -> list[str]:
     return list(compare(stamp, now, real_gpu=real_gpu).stale)
 
 
-def strict(environ: Mapping[str, str]) -> bool:
-    """``HWPROFILE_STRICT`` is on: stale values are errors."""
-    return environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 _warned: set[str] = set()
 _warned_shipped = [False]
 
@@ -328,13 +322,14 @@ def _warn_once(msg: str) -> None:
 
 
 class Staleness:
-    """Compares stamps with what runs now for one profile being resolved."""
+    """Compares stamps with what runs now for one profile being resolved; :meth:`report` says what is stale."""
 
-    def __init__(self, info: DeviceInfo, selection: Selection, kernels: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    def __init__(self, info: DeviceInfo, selection: Selection, kernels: Mapping[str, Any]) -> None:
         self.info, self.selection, self.kernels = info, selection, kernels
-        self.strict = strict(environ)
         self._now: dict[str, Stamp] = {}
         self.stale_shipped: list[tuple[str, Stamp, tuple[str, ...]]] = []
+        #: The warning for each stale tuned file, in the order the files were read.
+        self.stale_files: list[str] = []
 
     def now(self, op: str, *, plan: bool = False) -> Stamp:
         """What a sweep would stamp now; the plan digest only when asked (it evaluates the plan over the grid)."""
@@ -342,7 +337,7 @@ class Staleness:
         if key not in self._now:
             p = self.selection.plugin
             spec = self.kernels.get(op)
-            digest = spec.source_digest(with_cuda_headers=False) if spec is not None else ""
+            digest = spec.source_digest() if spec is not None else ""
             planned = plan_digest(op, spec) if plan and spec is not None else ""
             self._now[key] = current(op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned)
         return self._now[key]
@@ -361,8 +356,20 @@ class Staleness:
             self.stale_shipped.append((key, stamp, c.stale))
         return "; ".join(c.stale)
 
-    def report(self) -> None:
-        """One short warning per process for stale shipped thresholds; an error under HWPROFILE_STRICT."""
+    def report(self, strict: ResolvedSetting) -> None:
+        """Report what is stale, once the settings are resolved (``strict`` is the resolved ``strict``
+        setting). When it is on, the first stale item is a :class:`SettingError` naming the layer that
+        turned it on; otherwise one short warning per process for the stale shipped thresholds, then
+        one per stale tuned file."""
+        on = bool(strict.value)
+        why = f"strict is on ({strict.winner.source}): stale values are errors"
+        self._report_shipped(on, why)
+        for msg in self.stale_files:
+            if on:
+                raise SettingError(f"{msg} [{why}]")
+            _warn_once(msg)
+
+    def _report_shipped(self, strict: bool, strict_why: str) -> None:
         if not self.stale_shipped:
             return
         keys = [k for k, _, _ in self.stale_shipped]
@@ -374,14 +381,15 @@ class Staleness:
             f"({why[0]}{f' and {len(why) - 1} more' if len(why) > 1 else ''}); they still apply. "
             f"Details: hwprofile explain {keys[0]}; re-measure: hwprofile sweep OP (ops: {ops})"
         )
-        if self.strict:
-            raise SettingError(f"{msg} [{STRICT_ENV}=1: stale values are errors; stale keys: {', '.join(keys)}]")
+        if strict:
+            raise SettingError(f"{msg} [{strict_why}; stale keys: {', '.join(keys)}]")
         if not _warned_shipped[0]:
             _warned_shipped[0] = True
             log.warning(msg)
 
     def tuned_file(self, where: str, stamp: Stamp) -> str:
-        """A stale tuned file is ignored (one warning per file), or an error under HWPROFILE_STRICT."""
+        """What changed since a tuned file was measured (``""``: nothing). A stale file is recorded, its
+        values are not applied, and :meth:`report` warns once per file (an error under ``strict``)."""
         c = self.compare(stamp)
         if not c.stale:
             return ""
@@ -389,15 +397,13 @@ class Staleness:
             f"hwprofile: {where} is stale for device {self.info.index} ({'; '.join(c.stale)}); its values are ignored "
             f"and the shipped ones apply. Re-tune with: hwprofile sweep {stamp.op} --device {self.info.index}"
         )
-        if self.strict:
-            raise SettingError(f"{msg} [{STRICT_ENV}=1]")
-        _warn_once(msg)
+        self.stale_files.append(msg)
         return "; ".join(c.stale)
 
 
 def assess(prof: Any, stamp: Stamp) -> Comparison:
     """The comparison of one stamp with what runs for a resolved profile (for ``explain``)."""
-    return Staleness(prof.device, prof.selection, prof.kernels, {}).compare(stamp)
+    return Staleness(prof.device, prof.selection, prof.kernels).compare(stamp)
 
 
 # --- tuned files ---------------------------------------------------------------------------------
@@ -410,8 +416,8 @@ def config_dir(environ: Mapping[str, str]) -> str:
     applied here because importing platformdirs costs 3-4 ms of every first ``profile()``; a test
     checks that both agree. Elsewhere platformdirs decides.
     """
-    base = environ.get("HWPROFILE_CONFIG_DIR")
-    if base:
+    base = _env.CONFIG_DIR.read(environ)
+    if base is not None:
         return base
     if sys.platform == "linux" and "ANDROID_DATA" not in environ:
         xdg = environ.get("XDG_CONFIG_HOME", "").strip()
@@ -436,7 +442,7 @@ def tuned_files(info: DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
     """
     d = tuned_dir(info, environ)
     files = sorted(d.glob("*.toml")) if d.is_dir() else []
-    files += [Path(p) for p in environ.get(TUNED_ENV, "").split(os.pathsep) if p.strip()]
+    files += [Path(p) for p in _env.TUNED_FILE.read(environ)]
     return files
 
 
@@ -456,11 +462,11 @@ def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
             raise SettingError(
                 f"{where} is {size / 2**20:.1f} MiB; a tuned file holds a stamp and a few thresholds and may be at most "
                 f"{MAX_TUNED_BYTES // 2**20} MiB. Move raw measurements out of it ('hwprofile sweep' writes them to "
-                f"{SAMPLES_DIR}/), or fix {TUNED_ENV} / the tuned directory"
+                f"{SAMPLES_DIR}/), or fix {_env.TUNED_FILE.name} / the tuned directory"
             )
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SettingError(f"{where}: file not found; fix {TUNED_ENV} or run 'hwprofile sweep' to write it") from None
+        raise SettingError(f"{where}: file not found; fix {_env.TUNED_FILE.name} or run 'hwprofile sweep' to write it") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingError(f"{where}: cannot be read ({exc}); regenerate it with 'hwprofile sweep'") from None
     doc: dict[str, Any] | None = None

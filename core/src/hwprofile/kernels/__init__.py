@@ -1,8 +1,9 @@
-"""The kernel pipeline: spec -> NVRTC -> cache -> loaded function -> launch. Never imports settings, registry or ops.
+"""The kernel pipeline: spec -> NVRTC -> cache -> loaded function -> launch. Never imports settings, registry, profiles or ops.
 
 One stage per module, as cuda.core splits them:
 
-* :mod:`~hwprofile.kernels.spec`: what a plugin ships (:class:`KernelSpec`, :class:`Launch`), its source digest;
+* :mod:`~hwprofile.kernels.spec`: what a plugin ships (:class:`KernelSpec`, :class:`Launch`), its source digest
+  (the bottom stage: it imports no other);
 * :mod:`~hwprofile.kernels.headers`: which CUDA header directory matches NVRTC's major;
 * :mod:`~hwprofile.kernels.toolchain`: NVRTC and typed :class:`CompileOptions`;
 * :mod:`~hwprofile.kernels.cache`: the on-disk cache (key schema, directory policy, entry format, locking);
@@ -15,8 +16,10 @@ One stage per module, as cuda.core splits them:
 The face below is loaded lazily (PEP 562) for one reason: plugins import :mod:`.spec` while the first
 ``profile()`` runs, and importing a submodule imports this package first. If this module imported
 ``_pipeline`` (toolchain, cache, filelock, platformdirs) every first ``profile()`` would pay for a
-compiler it may never call (tests/package/test_startup.py holds it). Attributes are looked up on each
-access and never copied here, so a test that patches ``_pipeline`` is seen by every caller.
+compiler it may never call (tests/package/test_import.py::test_first_profile_leaves_slow_modules_unloaded
+holds it). Attributes are looked up on each access and never copied here, so a test that patches
+``_pipeline`` is seen by every caller. The pipeline reads its variables (``HWPROFILE_CACHE``,
+``HWPROFILE_CACHE_DIR``) through :mod:`hwprofile._env`, never through the settings.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
         nvrtc_version,
     )
 
-#: the face: every name here is ``_pipeline``'s, and tests/kernels/test_face.py checks the two lists agree
+#: the face: every name here is ``_pipeline``'s (tests/package/test_import_graph.py::test_kernels_face_is_the_pipelines)
 __all__ = [
     "MIN_NVRTC",
     "CompileOptions",

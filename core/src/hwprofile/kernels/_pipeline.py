@@ -68,10 +68,6 @@ __all__ = [
     "nvrtc_version",
 ]
 
-CACHE_DIR_ENV = kcache.CACHE_DIR_ENV
-CACHE_ENV = kcache.CACHE_ENV
-
-
 def options_for(spec: KernelSpec, target: str) -> CompileOptions:
     """The compile options of ``spec`` for ``target``: fixed include directories, then the spec's options."""
     return CompileOptions(target, include_dirs(), tuple(spec.options))

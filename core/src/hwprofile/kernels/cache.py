@@ -1,6 +1,6 @@
 """The on-disk kernel cache: key, directory policy, entry format, read/write, locking. Never compiles.
 
-Rules (each has a test in ``tests/test_cache.py``):
+Rules (each has a test in ``tests/kernels/test_cache.py``):
 
 * **Key.** SHA-256 over a JSON document of every input of the compile: source and every header it
   reaches (also through ``-I`` / ``-include`` in the spec's options), the full flag list (fixed
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _state
+from .. import _env, _state
 from .._log import get_logger
 from ..errors import CacheError, SettingError
 from . import toolchain
@@ -59,8 +59,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-CACHE_DIR_ENV = "HWPROFILE_CACHE_DIR"
-CACHE_ENV = "HWPROFILE_CACHE"
 FORMAT = 2
 MAGIC = b"HWPCUBIN"
 MAX_ENTRY_BYTES = 256 << 20
@@ -80,19 +78,17 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def cache_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``HWPROFILE_CACHE``: on (default) or off; any other value is a :class:`CacheError`."""
-    from ..settings import parse_switch
-
+    """``HWPROFILE_CACHE``: on (default) or off; any other value is a :class:`CacheError` (the pipeline's fault)."""
     try:
-        return parse_switch(os.environ if environ is None else environ, CACHE_ENV, default=True)
+        return _env.CACHE.read(environ)
     except SettingError as exc:
         raise CacheError(str(exc)) from None
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where the cache lives: ``HWPROFILE_CACHE_DIR`` or ``<user cache dir>/hwprofile/kernels``."""
-    env = (os.environ if environ is None else environ).get(CACHE_DIR_ENV)
-    if env:
+    env = _env.CACHE_DIR.read(environ)
+    if env is not None:
         return Path(env)
     import platformdirs
 
@@ -104,7 +100,7 @@ def _refuse_if_shared(st: os.stat_result, path: Path) -> None:
         raise CacheError(
             f"refusing kernel cache directory {path}: it is writable by other users or owned by another user "
             f"(mode {stat.filemode(st.st_mode)}), and loading a cubin runs its code; chmod 700 {path}, "
-            f"or point {CACHE_DIR_ENV} at a private directory"
+            f"or point {_env.CACHE_DIR.name} at a private directory"
         )
 
 
@@ -114,7 +110,7 @@ def open_dir(create: bool = True, environ: Mapping[str, str] | None = None) -> t
     The caller closes the descriptor. Every fault names the directory and the fix.
     """
     path = cache_dir(environ)
-    fix = f"set {CACHE_DIR_ENV} to a private directory you can write, or {CACHE_ENV}=off"
+    fix = f"set {_env.CACHE_DIR.name} to a private directory you can write, or {_env.CACHE.name}=off"
     created = False
     if create:
         try:
@@ -335,7 +331,7 @@ def write(dfd: int, dpath: Path, compiled: CompiledKernel, doc: Mapping[str, Any
             "Fix the directory, or set %s to another one",
             dpath / name,
             exc.strerror or exc,
-            CACHE_DIR_ENV,
+            _env.CACHE_DIR.name,
         )
         return False
 

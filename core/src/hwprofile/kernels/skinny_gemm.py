@@ -4,20 +4,29 @@ Architecture plugins describe their SM (multiprocessor count, shared memory per 
 portable cluster, the prefix of their entry points) in an :class:`ArchTuning` and get the four op
 kernels (router GEMM, fp32-output linear, bf16 GEMV, FP8 GEMV) as :class:`~hwprofile.kernels.KernelSpec`
 objects whose ``configure`` picks tile sizes and the split-K factor for a shape. Each plugin's
-source declares the ``<prefix>_skinny_mma`` and ``<prefix>_gemv_simt`` entry points with
-static_asserts for its SM's limits; the dynamic shared memory is checked here.
+source declares the entry points its plans name, ``<prefix>_skinny_mma`` and ``<prefix>_gemv_simt``,
+with static_asserts for its SM's limits (``HWP_SKINNY_GEMM_ENTRY_POINTS`` of
+``hwprofile/skinny_entry.cuh`` writes both; sm90 declares only ``hwp90_gemv_simt``, its fp32-output
+kernel is its own); the dynamic shared memory is checked here.
+
+A plugin with kernels of its own for some of these ops (hwprofile-sm90) plans them itself and still
+takes the pre-built shapes (:data:`PREBUILT_SHAPES`) and instance lists (:func:`prebuilt_instances`)
+from here. Plugins reach all of it through :mod:`hwprofile.plugin`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from functools import partial
+from types import MappingProxyType
+from typing import Final
 
 from .. import optable
 from .._record import Record, _set, final
-from ..optable import NO_SCALE as NO_SCALE  # re-exported for plugins
-from ..optable import ROW_SCALE as ROW_SCALE
-from ..optable import TENSOR_SCALE as TENSOR_SCALE
+from ..optable import NO_SCALE
 from .spec import KernelSpec, Launch
+
+Shape = tuple[int, int, int]  # (M, N, K)
 
 
 @final
@@ -130,36 +139,61 @@ def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: i
     return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
 
 
-ROUTER_SHAPES = [(m, n, 7168) for m in range(1, 17) for n in (256, 384)]
-GEMV_SHAPES = [(2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168)]
+#: Decode GEMVs (M = 1): the projection shapes of common models (wider than the op table's sweep grids).
+GEMV_SHAPES: Final[tuple[Shape, ...]] = tuple(
+    (1, n, k)
+    for n, k in ((2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168))
+)
+#: The ops the family's kernels compute, each with the (M, N, K) shapes whose instances ``hwprofile
+#: compile`` pre-builds (other shapes compile on first use). A registry of the family's own: which ops
+#: its kernels compute is no fact of the op table (an op's dtypes do not say what it computes). The
+#: fp32-output ops pre-build their sweep grid (M = 1..16 at the router / linear widths); the GEMVs
+#: the projection shapes of common models, bf16 and FP8 weights alike.
+PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType(
+    {"router_gemm": optable.get("router_gemm").grid, "linear_bf16_fp32": optable.get("linear_bf16_fp32").grid,
+     "gemv": GEMV_SHAPES, "fp8_gemv": GEMV_SHAPES}
+)
 
 
-def kernel_specs(
-    package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] = ("router_gemm", "linear_bf16_fp32", "gemv", "fp8_gemv")
-) -> list[KernelSpec]:
-    """The op kernels of the skinny-GEMM family for one SM, with their pre-built instances.
+def _doc(d: optable.OpDef) -> str:
+    """A family kernel's one-line description, from the op's dtypes."""
+    if d.out_dtype == "float32":
+        return f"skinny GEMM on tensor cores (mma.sync), M = 1..16: {d.x_dtype} x {d.w_dtype} -> float32"
+    weights = "FP8 e4m3 weights, per-tensor or per-row scale" if d.scaled else f"{d.w_dtype} weights"
+    return f"SIMT GEMV, M = 1: {weights}, fp32 accumulation -> {d.out_dtype}"
+
+
+def prebuilt_instances(op: str, configure: Callable[..., Launch], shapes: tuple[Shape, ...] | None = None) -> tuple[str, ...]:
+    """The sorted, distinct name expressions ``configure`` plans for ``op``'s pre-built shapes.
+
+    ``configure`` is called as a :class:`~hwprofile.kernels.KernelSpec`'s is: ``m=, n=, k=, split_k=``,
+    plus ``scale=`` for each of the op's scale modes when the op table says the op is scaled; every
+    shape with split-K on and off. ``shapes`` defaults to ``PREBUILT_SHAPES[op]``.
+    """
+    d = optable.get(op)  # scale modes: declared once, in the op table
+    todo = PREBUILT_SHAPES[op] if shapes is None else shapes
+    exprs = {
+        configure(m=m, n=n, k=k, split_k=sk, **({"scale": sc} if d.scaled else {})).name_expression
+        for m, n, k in todo
+        for sc in d.scale_modes
+        for sk in (True, False)
+    }
+    return tuple(sorted(exprs))
+
+
+def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] | None = None) -> list[KernelSpec]:
+    """The op kernels of the skinny-GEMM family for one SM (``ops``, default every op of :data:`PREBUILT_SHAPES`).
 
     ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call; the pre-built
-    instances cover the canonical shapes with split-K on and off.
+    instances are :func:`prebuilt_instances` of it.
     """
-    kinds = {
-        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16", ROUTER_SHAPES),
-        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)]),
-        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES]),
-        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES]),
-    }
     specs = []
-    for op in ops:
-        doc, shapes = kinds[op]
+    for op in tuple(PREBUILT_SHAPES) if ops is None else ops:
         d = optable.get(op)  # dtypes and scale modes: declared once, in the op table
-        fp8, out, scales = d.scaled, d.kernel_out, d.scale_modes
-        exprs = {
-            plan(t, m=m, n=n, k=k, fp8=fp8, out=out, scale=sc, split_k=sk).name_expression
-            for m, n, k in shapes
-            for sc in scales
-            for sk in (True, False)
-        }
-        specs.append(KernelSpec(op, package, source, tuple(sorted(exprs)), partial(_configure, t, fp8, out), doc=doc))
+        if op not in PREBUILT_SHAPES:
+            raise ValueError(f"the skinny-GEMM family has no kernel for op {op!r}; it computes {', '.join(PREBUILT_SHAPES)}")
+        configure = partial(_configure, t, d.scaled, d.kernel_out)
+        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure), configure, doc=_doc(d)))
     return specs
 
 

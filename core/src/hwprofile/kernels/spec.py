@@ -1,7 +1,9 @@
-"""Kernel specs: what a plugin declares about a kernel (source, instances, launch plan).
+"""Kernel specs: what a plugin declares about a kernel (source, instances, launch plan), and its source digest.
 
-Kept apart from :mod:`hwprofile.kernels` so that resolving a profile, which collects the specs, loads
-none of the compile, cache and launch machinery.
+The bottom of the kernel pipeline: never imports another stage (toolchain, cache, launch), so that
+resolving a profile, which collects the specs and digests their sources, loads none of the compile,
+cache and launch machinery. A digest that must cover the CUDA headers gets them passed in
+(``source_digest(toolchain.include_dirs())``).
 """
 
 from __future__ import annotations
@@ -135,19 +137,17 @@ class KernelSpec(Record):
     def read_source(self) -> str:
         return self.source_path().read_text()
 
-    def source_digest(self, *, with_cuda_headers: bool = True) -> str:
+    def source_digest(self, include_dirs: Sequence[str] = (OWN_INCLUDE,)) -> str:
         """SHA-256 of the source and every header it includes: changes when the kernel code changes.
 
-        ``with_cuda_headers=False`` hashes only the plugin's and hwprofile's own headers: cheap
-        enough for the profile fingerprint, and it imports nothing CUDA.
+        Headers are searched in ``include_dirs``, then the spec's own ``-I`` options. The default,
+        hwprofile's own headers, leaves the CUDA headers out: cheap enough for the profile
+        fingerprint and the stamps, and it imports nothing CUDA. Pass
+        :func:`hwprofile.kernels.include_dirs` (hwprofile's, then the CUDA headers NVRTC compiles
+        against) to cover those too.
         """
-        if with_cuda_headers:
-            from .toolchain import include_dirs
-
-            dirs: Sequence[str] = include_dirs()
-        else:
-            dirs = (OWN_INCLUDE,)
-        return _source_digest(str(self.source_path()), (*dirs, *option_values(self.options, "-I", "--include-path", glued=True)))
+        dirs = (*include_dirs, *option_values(self.options, "-I", "--include-path", glued=True))
+        return _source_digest(str(self.source_path()), dirs)
 
     def describe(self) -> dict[str, Any]:
         return {

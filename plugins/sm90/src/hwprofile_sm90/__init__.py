@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Stamp, Value, hookimpl
+from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, measured_stamp
 
 NAME = "sm90"
 
@@ -19,26 +19,30 @@ def hwprofile_arch() -> ArchSpec:
     return ArchSpec({(9, 0): "sm_90a"}, "NVIDIA Hopper (H100, H200, H20): wgmma, TMA, clusters, 227 KB smem/block")
 
 
-# Every measured threshold carries the stamp of the sweep it came from (benchmarks/h200/kernels/sweeps/*.toml:
-# `hwprofile sweep OP` on the lent H200 with kernels/sm90_gemv.cu, 2026-11-30, benchmarks/h200_final.sh).
-# hwprofile reports a value as stale when the device, this plugin's version, the kernel source or the
-# fallback (torch, cuBLAS) changes.
+# Every measured threshold carries the stamp of the sweep it came from (benchmarks/h200/2026-11-30-sweeps-3/*.toml:
+# `hwprofile sweep OP` on the lent H200 with kernels/sm90_gemv.cu, 2026-11-30).
+# The fallback function each stamp records is the op table's (measured_stamp): tests/test_sm90_stamps.py
+# pins the functions these sweeps measured against, so a change of an op's fallback fails that test
+# until the op is re-swept. hwprofile reports a value as stale when the device generation, this plugin,
+# the kernel source or, on a real GPU, the major.minor of the fallback's libraries (torch, cuBLAS) change.
 _H200: dict[str, Any] = {
     "device": "NVIDIA H200 sm_90 140 GiB",
     "compute_capability": (9, 0),
     "plugin": NAME,
     "plugin_version": "0.1.0",
-    "kernel": "49c753f4f64ace9faa49ac065430a40407a4ba6e93a1e61a1bfe8167a7782d18",
+    # The sweeps recorded 49c753f4f64a..., the source with the never-dispatched hwp90_gemv_bulk in it.
+    # Moving that kernel to benchmarks/kernels/sm90_variants.cu left the code of every instance this
+    # plugin ships or plans byte-identical for sm_90a (SASS and every per-kernel cubin section compared,
+    # with NVRTC 13.0 and 13.5), so the thresholds hold for the new source's digest:
+    "kernel": "b8db0e617eeaee3c8d1f7bf8e2be429e153413237ea755a551307d03617148aa",
     "date": "2026-11-30",
 }
 _LIBS = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
-ROUTER = Stamp("router_gemm", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
-LINEAR = Stamp("linear_bf16_fp32", fallback={"function": "torch.mm(out_dtype=torch.float32)", **_LIBS}, **_H200)
-GEMV = Stamp("gemv", fallback={"function": "torch.nn.functional.linear", **_LIBS}, **_H200)
-# re-swept against the chunked, fp32-accumulating FP8 fallback (benchmarks/h200/ops_sweeps/fp8_gemv.toml, same kernel)
-FP8 = Stamp(
-    "fp8_gemv", fallback={"function": "chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale", **_LIBS}, **_H200
-)
+ROUTER = measured_stamp("router_gemm", libraries=_LIBS, **_H200)
+LINEAR = measured_stamp("linear_bf16_fp32", libraries=_LIBS, **_H200)
+GEMV = measured_stamp("gemv", libraries=_LIBS, **_H200)
+# re-swept against the chunked, fp32-accumulating FP8 fallback (benchmarks/h200/2026-11-30-sweeps-4/fp8_gemv.toml, same kernel)
+FP8 = measured_stamp("fp8_gemv", libraries=_LIBS, **_H200)
 
 
 @hookimpl

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from functools import partial
 
-from hwprofile import optable
-from hwprofile.kernels.skinny_gemm import GEMV_SHAPES, NO_SCALE, ROUTER_SHAPES
-from hwprofile.kernels.skinny_gemm import plan as shared_plan
-from hwprofile.plugin import ArchTuning, KernelSpec, Launch
+from hwprofile.plugin import NO_SCALE, PREBUILT_SHAPES, ArchTuning, KernelSpec, Launch, op_def, plan_skinny_gemm, prebuilt_instances
 
 SOURCE = "kernels/sm90_gemv.cu"
 SM_COUNT = 132  # H100 SXM and H200; an H100 PCIe (114 SMs) gets the same, still correct, plans
 MAX_SHARED = 227 * 1024
+
+
 def tuning(sm_count: int = SM_COUNT) -> ArchTuning:
     """The shared SIMT body's planning constants on sm_90 (entry points ``hwp90_gemv_simt``)."""
     return ArchTuning(sm_count=sm_count, max_shared_bytes=MAX_SHARED, max_cluster=8, prefix="hwp90")
@@ -82,7 +81,7 @@ def plan_gemv(*, m: int, n: int, k: int, split_k: bool, fp8: bool = False, scale
     if m != 1:
         raise ValueError(f"the GEMV kernels take M = 1, got M={m}")
     if fp8 or (split_k and n < 3 * sm_count * 8):
-        return shared_plan(tuning(sm_count), m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
+        return plan_skinny_gemm(tuning(sm_count), m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
     if k % 8:
         raise ValueError(f"K={k} must be a multiple of 8 for 16-byte loads")
     smem = k * 2
@@ -102,18 +101,20 @@ def _configure(kind: str, fp8: bool, *, m: int, n: int, k: int, split_k: bool, s
 
 
 def kernel_specs(package: str) -> list[KernelSpec]:
-    """The four op kernels for sm_90a, with the canonical shapes' instances pre-built by ``hwprofile compile``."""
-    kinds = {
-        "router_gemm": ("router GEMM bf16 x bf16 -> fp32, M = 1..16 (PDL, cluster split-K)", ROUTER_SHAPES, "router"),
-        "linear_bf16_fp32": ("small-M linear bf16 x bf16 -> fp32", [(m, n, 7168) for m in range(1, 17) for n in (256, 4096)], "router"),
-        "gemv": ("bf16 GEMV M = 1, fp32 accumulation", [(1, n, k) for n, k in GEMV_SHAPES], "gemv"),
-        "fp8_gemv": ("FP8 e4m3 GEMV M = 1, per-tensor or per-row scale", [(1, n, k) for n, k in GEMV_SHAPES], "gemv"),
-    }
+    """The family's four op kernels for sm_90a, with its pre-built shapes' instances (``hwprofile compile``).
+
+    The fp32-output ops (router GEMM, small-M linear) take ``hwp90_router``, the M = 1 GEMVs
+    :func:`plan_gemv`; which op is which, and which is FP8, is the op table's.
+    """
     specs = []
-    for op, (doc, shapes, kind) in kinds.items():
-        d = optable.get(op)  # dtypes and scale modes: declared once, in hwprofile's op table
-        fp8, scales = d.scaled, d.scale_modes
-        exprs = {_configure(kind, fp8, m=m, n=n, k=k, split_k=sk, scale=sc).name_expression
-                 for m, n, k in shapes for sc in scales for sk in (True, False)}
-        specs.append(KernelSpec(op, package, SOURCE, tuple(sorted(exprs)), partial(_configure, kind, fp8), doc=doc))
+    for op in PREBUILT_SHAPES:  # the ops the skinny-GEMM family computes
+        d = op_def(op)
+        kind = "router" if d.out_dtype == "float32" else "gemv"
+        configure = partial(_configure, kind, d.scaled)
+        doc = (
+            f"hwp90_router: {d.x_dtype} x {d.w_dtype} -> float32, M = 1..16 (PDL, cluster split-K)"
+            if kind == "router"
+            else f"GEMV M = 1, {d.w_dtype} weights{' x scale' if d.scaled else ''}, fp32 accumulation -> {d.out_dtype}"
+        )
+        specs.append(KernelSpec(op, package, SOURCE, prebuilt_instances(op, configure), configure, doc=doc))
     return specs

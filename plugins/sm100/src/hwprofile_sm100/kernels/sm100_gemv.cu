@@ -10,43 +10,23 @@
 //    converter for FP8 weights;
 //  * thread-block clusters of up to 8 blocks (portable on sm_100) with distributed shared memory
 //    for split-K, so a small N still spreads over the 148 SMs.
-// The limits they rely on are static_asserts below; the dynamic shared memory (the GEMV's staged x
-// slice) is checked by the plan (hwprofile.skinny) against the same 227 KB.
+// The entry points hwp100_skinny_mma and hwp100_gemv_simt are hwprofile/skinny_entry.cuh's, with
+// static_asserts against the limits below; the dynamic shared memory (the GEMV's staged x slice)
+// is checked by the plan (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp100") against the
+// same 227 KB.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 1000) && (__CUDA_ARCH__ != 1030)
 #error "hwprofile-sm100 kernels are built for sm_100a / sm_103a only"
 #endif
-#include <hwprofile/gemv.cuh>
+#include <hwprofile/skinny_entry.cuh>
 
 namespace hwp100 {
 // Compute capability 10.0 / 10.3 limits (CUDA C++ Programming Guide, technical specifications).
-constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in, static + dynamic
-constexpr int kMaxStaticShared = 48 * 1024;     // without opt-in
-constexpr int kMaxPortableCluster = 8;
-constexpr int kMaxThreads = 1024;
-static_assert(kMaxStaticShared <= kMaxSharedPerBlock, "limits");
+struct Limits {
+  static constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in, static + dynamic
+  static constexpr int kMaxStaticShared = 48 * 1024;     // without opt-in
+  static constexpr int kMaxPortableCluster = 8;
+  static constexpr int kMaxThreads = 1024;
+};
 }  // namespace hwp100
 
-// Entry points (name expressions planned by hwprofile.skinny with prefix "hwp100"):
-//   hwp100_skinny_mma<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>  tensor cores, M <= 16; grid (ceil(N / 8NT), KSPLIT)
-//   hwp100_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>  SIMT, M = 1; grid (ceil(N / (WARPS*ROWS)), KSPLIT),
-//                                                                 dynamic shared memory = the staged x slice
-template <bool FP8, typename TOut, int MT, int WARPS, int NT, int KSPLIT, int U, int SCALE>
-__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
-hwp100_skinny_mma(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
-               const float* __restrict__ scale, int M, int N, int K) {
-  static_assert(KSPLIT >= 1 && KSPLIT <= hwp100::kMaxPortableCluster, "portable cluster size");
-  static_assert(WARPS * 32 <= hwp100::kMaxThreads, "threads per block");
-  static_assert((WARPS * NT * 128 + NT * 128) * 4 <= hwp100::kMaxStaticShared, "static shared memory of the reduction");
-  hwp::skinny_gemm<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, w, scale, M, N, K);
-}
-
-template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
-__global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
-hwp100_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
-              const float* __restrict__ scale, int /*M*/, int N, int K) {
-  static_assert(KSPLIT >= 1 && KSPLIT <= hwp100::kMaxPortableCluster, "portable cluster size");
-  static_assert(WARPS * 32 <= hwp100::kMaxThreads, "threads per block");
-  static_assert(WARPS * ROWS * M * 4 <= hwp100::kMaxStaticShared, "static shared memory of the split-K reduction");
-  extern __shared__ uint4 hwp100_xs[];  // the plan caps it at hwp100::kMaxSharedPerBlock minus the static part
-  hwp::simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, hwp100_xs);
-}
+HWP_SKINNY_GEMM_ENTRY_POINTS(hwp100, hwp100::Limits)
