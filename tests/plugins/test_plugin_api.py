@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
 import hwprofile
-from hwprofile import plugin
+from hwprofile import _state, plugin
 from hwprofile.errors import PluginError
 from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
 from hwprofile.profiles import build_profile
@@ -133,29 +133,78 @@ def test_op_facts_are_the_op_tables() -> None:
         plugin.op_def("gemm")
 
 
-def test_measured_stamp_takes_the_fallback_from_the_op_table() -> None:
-    fields: dict[str, Any] = {
-        "device": "NVIDIA H200 sm_90 140 GiB", "compute_capability": (9, 0), "plugin": "arch", "plugin_version": "1.0", "kernel": "k"
-    }
-    libs = {"torch": "2.11.0", "cublas": "13.1.0.3", "cublaslt": "13.1.0.3"}
-    for op, d in plugin.OPS.items():
-        st = plugin.measured_stamp(op, libraries=libs, date="2026-11-30", **fields)
-        assert st == plugin.Stamp(op, fallback={"function": d.fallback, **libs}, date="2026-11-30", **fields)
-    with pytest.raises(ValueError, match="libraries names 'function'"):
-        plugin.measured_stamp("gemv", libraries={"function": "mine", **libs}, **fields)
-    with pytest.raises(KeyError, match="no op 'gemm'"):
-        plugin.measured_stamp("gemm", libraries=libs, **fields)
+SWEPT = {
+    "op": "gemv", "device": "NVIDIA H200 sm_90 140 GiB", "compute_capability": [9, 0], "plugin": "arch", "plugin_version": "1.0",
+    "kernel": "k" * 64, "fallback": {"function": "the fallback the sweep measured", "torch": "2.11.0", "cublas": "13.1.0.3",
+                                     "cublaslt": "13.1.0.3"}, "date": "2026-11-30", "plan": "p" * 64,
+}
 
 
-def test_a_measured_stamp_is_stale_against_another_fallback() -> None:
-    """The stamp holds the table's fallback when the plugin built it: against a system whose fallback
-    differs (the plugin installed beside another core), it compares stale on the function."""
+@pytest.fixture
+def plugin_pkg(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, pathlib.Path]]:
+    """An importable plugin package (name, directory) to ship sweep files in; forgotten afterwards."""
+    import sys
+
+    name = f"shipping_plugin_{abs(hash(tmp_path)) % 10**8}"
+    d = tmp_path / name
+    (d / "measured").mkdir(parents=True)
+    (d / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, d
+    sys.modules.pop(name, None)
+
+
+def test_shipped_stamp_reads_the_stamp_sweep_wrote(plugin_pkg: tuple[str, pathlib.Path]) -> None:
+    """The file `hwprofile sweep OP` writes, shipped as it is: the stamp is the measurement's, fallback included,
+    whatever the op table says now; read once per (package, file) until hwprofile.reset()."""
+    from hwprofile import sweep
+
+    name, d = plugin_pkg
+    doc = {"stamp": SWEPT, "thresholds": {"gemv.max_n": 4096}, "sweep": {"ties": "fallback", "notes": []},
+           "measurements": [{"m": 1, "n": 4096, "k": 7168, "kernel_us": 1.0, "fallback_us": 2.0}]}
+    sweep.write(doc, d / "measured" / "gemv.toml")
+    st = plugin.shipped_stamp(name, "measured/gemv.toml")
+    assert st == plugin.Stamp.from_dict(SWEPT, where="test") and st.fallback["function"] == "the fallback the sweep measured"
+    assert st.fallback["function"] != plugin.OPS["gemv"].fallback  # not the table's: a changed fallback is seen
+    assert plugin.shipped_stamp(name, "measured/gemv.toml", op="gemv") is st  # remembered
+    hwprofile.reset()
+    assert plugin.shipped_stamp(name, "measured/gemv.toml") is not st  # read again after a reset
+    assert "hwprofile.plugin._forget_shipped_stamps" in _state.registered()
+
+
+def test_a_shipped_stamp_is_stale_against_another_fallback(plugin_pkg: tuple[str, pathlib.Path]) -> None:
+    """Installed beside a core whose fallback for the op differs from the one the sweep measured, the stamp compares stale."""
+    import tomli_w
+
     from hwprofile import tuning
 
-    fields: dict[str, Any] = {"device": "d", "compute_capability": (9, 0), "plugin": "arch", "plugin_version": "1", "kernel": "k"}
-    st = plugin.measured_stamp("gemv", libraries={}, **fields)
-    now = plugin.Stamp("gemv", fallback={"function": "a new fallback"}, **fields)
+    name, d = plugin_pkg
+    (d / "measured" / "gemv.toml").write_text(tomli_w.dumps({"stamp": {**SWEPT, "fallback": tuning.fallback_identity("gemv")},
+                                                             "thresholds": {"gemv.max_n": 4096}}))
+    st = plugin.shipped_stamp(name, "measured/gemv.toml")
+    now = st.replace(fallback={**st.fallback, "function": "a new fallback"})
     assert "fallback function changed (torch.nn.functional.linear -> a new fallback)" in tuning.compare(st, now, real_gpu=False).stale
+    assert not tuning.compare(st, st, real_gpu=True).stale
+
+
+def test_shipped_stamp_errors_name_the_package_and_the_file_and_the_fix(plugin_pkg: tuple[str, pathlib.Path]) -> None:
+    import tomli_w
+
+    name, d = plugin_pkg
+    with pytest.raises(PluginError, match=rf"plugin package '{name}' ships no sweep file 'measured/gemv.toml' .*package-data"):
+        plugin.shipped_stamp(name, "measured/gemv.toml")
+    (d / "measured" / "gemv.toml").write_text(tomli_w.dumps({"thresholds": {"gemv.max_n": 4096}}))
+    with pytest.raises(PluginError, match=rf"plugin package '{name}', sweep file 'measured/gemv.toml' \(.*\): no \[stamp\] table"
+                       r".*regenerate it with 'hwprofile sweep', and ship its \[stamp\] and \[thresholds\] as this file"):
+        plugin.shipped_stamp(name, "measured/gemv.toml")
+    (d / "measured" / "gemv.toml").write_text(tomli_w.dumps({"stamp": {"op": "gemv"}, "thresholds": {}}))
+    with pytest.raises(PluginError, match=r"sweep file 'measured/gemv.toml' .*\[stamp\] is incomplete or malformed"):
+        plugin.shipped_stamp(name, "measured/gemv.toml")
+    (d / "measured" / "gemv.toml").write_text(tomli_w.dumps({"stamp": SWEPT, "thresholds": {}}))
+    with pytest.raises(PluginError, match=rf"'{name}': sweep file 'measured/gemv.toml' holds the stamp of op 'gemv', not 'fp8_gemv'"):
+        plugin.shipped_stamp(name, "measured/gemv.toml", op="fp8_gemv")
+    with pytest.raises(PluginError, match=r"package 'no_such_plugin_pkg' is not importable"):
+        plugin.shipped_stamp("no_such_plugin_pkg", "measured/gemv.toml")
 
 
 def _hwprofile_imports(text: str) -> set[str]:

@@ -43,9 +43,10 @@ The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwpro
 
 Measured thresholds:
 
-* ``Stamp``: what a threshold was measured against (read from a tuned file, or built below).
-* ``measured_stamp(op, ...)``: the stamp of a shipped measured threshold, whose fallback function
-  is the op table's: a plugin names the op and the library versions, never the fallback.
+* ``Stamp``: what a threshold was measured against: the ``[stamp]`` of a sweep file.
+* ``shipped_stamp(package, file, op=None)``: the ``[stamp]`` of a sweep file a plugin ships as
+  package data, exactly as ``hwprofile sweep OP`` wrote it: the fallback it records is the one the
+  sweep measured, so the value goes stale at run time when hwprofile's fallback for the op changes.
 
 For a plugin's tests:
 
@@ -59,17 +60,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from . import _state
 from .catalog import CatalogEntry
 from .device import DeviceInfo
+from .errors import PluginError, SettingError
 from .hookspecs import hookimpl
 from .kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, kernel_specs, prebuilt_instances
 from .kernels.skinny_gemm import plan as plan_skinny_gemm
-from .kernels.spec import KernelSpec, Launch
+from .kernels.spec import KernelSpec, Launch, _package_dir
 from .optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
 from .optable import get as op_def
 from .registry import ArchSpec, PluginInfo
 from .settings import EnvDefault, Setting, Value
-from .tuning import Stamp
+from .tuning import Stamp, read_tuned
 
 if TYPE_CHECKING:
     from .kernels import CompiledKernel
@@ -96,41 +99,68 @@ __all__ = [
     "compile_kernel",
     "hookimpl",
     "kernel_specs",
-    "measured_stamp",
     "op_def",
     "plan_skinny_gemm",
     "prebuilt_instances",
     "profile_for",
+    "shipped_stamp",
     "simulated_device",
 ]
 
 
-def measured_stamp(
-    op: str,
-    *,
-    device: str,
-    compute_capability: tuple[int, int],
-    plugin: str,
-    plugin_version: str,
-    kernel: str,
-    libraries: Mapping[str, str],
-    date: str = "",
-    plan: str = "",
-) -> Stamp:
-    """The stamp of a threshold a plugin ships, measured by ``hwprofile sweep op``: the sweep file's ``[stamp]``.
+_shipped: dict[tuple[str, str], Stamp] = {}  # shipped_stamp per (package, file); reset() clears it
 
-    The fallback function is the op table's (``op_def(op).fallback``), so no plugin copies it;
-    ``libraries`` are the versions the sweep recorded beside it (``torch``, ``cublas``,
-    ``cublaslt``). By calling this a plugin says its threshold was measured against the fallback
-    the op table names *now*: when hwprofile changes an op's fallback, re-sweep (or withdraw) the
-    thresholds of that op, because the stamp follows the table and cannot go stale on the function.
-    An unknown ``op`` is a ``KeyError`` listing the known ones; ``libraries`` naming ``function``
-    is a ``ValueError``.
+
+@_state.on_reset
+def _forget_shipped_stamps() -> None:
+    _shipped.clear()
+
+
+def shipped_stamp(package: str, file: str, *, op: str | None = None) -> Stamp:
+    """The ``[stamp]`` of a sweep file that plugin ``package`` ships: what its measured thresholds were measured against.
+
+    ``file`` is a path inside the package (``"measured/gemv.toml"``), shipped as package data: the
+    ``[stamp]`` (with ``[stamp.fallback]``) and ``[thresholds]`` tables that ``hwprofile sweep OP``
+    wrote, copied as they are (the raw measurements may stay out). The fallback identity is the
+    measurement's, never the op table's: when hwprofile's fallback for the op changes, the value is
+    reported stale at run time, whichever core the plugin is installed beside. ``op``, when given,
+    is the op the file's stamp must name (a sweep file copied under the wrong name is an error).
+
+    Call it from a hook (``hwprofile_settings``), not at import: it reads the file on the first
+    call and remembers the stamp per (package, file) until ``hwprofile.reset()``. A package that
+    is not importable, a missing file or one without a complete ``[stamp]`` or ``[thresholds]`` is
+    a :class:`~hwprofile.errors.PluginError` naming the package and the file, and saying what to do.
     """
-    d = op_def(op)
-    if "function" in libraries:
-        raise ValueError(f"measured_stamp({op!r}): libraries names 'function'; the fallback function is the op table's ({d.fallback!r})")
-    return Stamp(op, device, compute_capability, plugin, plugin_version, kernel, {"function": d.fallback, **libraries}, date, plan=plan)
+    found = _shipped.get((package, file))
+    if found is None:
+        found = _shipped[(package, file)] = _read_shipped_stamp(package, file)
+    if op is not None and found.op != op:
+        raise PluginError(
+            f"plugin package {package!r}: sweep file {file!r} holds the stamp of op {found.op!r}, not {op!r}; "
+            f"ship the file 'hwprofile sweep {op}' wrote there"
+        )
+    return found
+
+
+def _read_shipped_stamp(package: str, file: str) -> Stamp:
+    pkg = _package_dir(package)
+    if pkg is None:
+        raise PluginError(f"shipped_stamp({package!r}, {file!r}): package {package!r} is not importable; pass the plugin's own __name__")
+    path = pkg / file
+    if not path.is_file():
+        raise PluginError(
+            f"plugin package {package!r} ships no sweep file {file!r} (looked for {path}): copy the [stamp] and [thresholds] "
+            "that 'hwprofile sweep OP --output FILE' wrote there, and ship it as package data "
+            "([tool.setuptools.package-data] in the plugin's pyproject.toml)"
+        )
+    try:
+        stamp, _ = read_tuned(path)
+    except SettingError as exc:
+        why = str(exc).removeprefix(f"tuned file {path}: ")
+        raise PluginError(
+            f"plugin package {package!r}, sweep file {file!r} ({path}): {why}, and ship its [stamp] and [thresholds] as this file"
+        ) from None
+    return stamp
 
 
 def simulated_device(capability: tuple[int, int], name: str | None = None, *, index: int = 0) -> DeviceInfo:

@@ -82,7 +82,7 @@ def hwprofile_declare_settings() -> list[Setting]:
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    # Each value says why; a measured threshold also carries its sweep's stamp (hwprofile.plugin.measured_stamp).
+    # Each value says why; a measured threshold also carries its sweep's stamp (hwprofile.plugin.shipped_stamp).
     return {{
         f"{{NAME}}.example_flag": Value(True, "why this architecture wants the flag on"),
         "router_gemm.max_tokens": Value(0, "no router GEMM kernel for this architecture yet"),

@@ -74,7 +74,7 @@ def fallback_identity(op: str) -> dict[str, str]:
     """What decides which library kernel the op's fallback runs, read from package metadata."""
     cublas = installed_version(*_CUBLAS_DISTS) or "unknown"
     return {
-        "function": FALLBACK_FUNCTION[op],
+        "function": OPS[op].fallback,  # the op table at call time, not a copy taken at import
         "torch": installed_version("torch") or "not installed",
         "cublas": cublas,
         "cublaslt": cublas,  # shipped in the same wheel as cuBLAS
@@ -299,11 +299,6 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
     return Comparison(tuple(stale), tuple(notes), tuple(unknown))
 
 
-def changes(stamp: Stamp, now: Stamp, *, real_gpu: bool = True) -> list[str]:
-    """What changed since ``stamp`` in a way that makes the value stale; empty when it still holds."""
-    return list(compare(stamp, now, real_gpu=real_gpu).stale)
-
-
 _warned: set[str] = set()
 _warned_shipped = [False]
 
@@ -428,7 +423,7 @@ def config_dir(environ: Mapping[str, str]) -> str:
 
 
 def tuned_dir(info: DeviceInfo, environ: Mapping[str, str]) -> Path:
-    """Default location of tuned files for a device: ``<config dir>/tuned/<device identity>/``."""
+    """Default location of tuned files for a device: ``<config dir>/tuned/<slug of name and sm>/`` (``nvidia-h200-sm-90``)."""
     import re
 
     slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
