@@ -1,6 +1,6 @@
 """Where the first ``profile()`` spends its time, step by step, in fresh processes.
 
-Three views, each in its own fresh interpreter so that nothing is warm:
+Four views, each in its own fresh interpreter so that nothing is warm:
 
 * ``steps``: wall time of each step of ``import pynvml; import hwprofile; detect(); profile(0)``
   (median over ``runs`` processes), so the cost above NVML's own start is split into import,

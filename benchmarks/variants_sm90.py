@@ -458,9 +458,10 @@ def round6() -> None:
 def round7() -> None:
     """Persistent GEMV with one block per SM, with and without PDL (late session).
 
-    Nsight Compute put the small GEMVs' loss in a fixed cost per call (ramp and tail, 1.95 µs by the
-    size fit). PDL was tried before with 4 blocks a SM (grid 528, no gain): those blocks leave no
-    registers for the next call's blocks, so nothing can overlap. One 8-warp block a SM (97
+    Nsight Compute put the small GEMVs' loss in ramp and tail, a fixed cost per call (1.95 µs by the
+    size fit of the bench shapes, about 3.7 µs under 120 MB). PDL was tried before with 4 blocks a SM
+    (grid 528, no gain): those blocks leave no registers for the next call's blocks, so nothing can
+    overlap. One 8-warp block a SM (97
     registers: 25K of the 64K) leaves room for the next call's block to be resident and wait.
     """
     shapes = [(2048, 7168), (4096, 4096), (7168, 2048), (4096, 7168), (12288, 4096), (28672, 4096)]

@@ -15,7 +15,7 @@ from hwprofile._env import DEVICE
 from hwprofile.optable import OPS
 
 torch = pytest.importorskip("torch")
-ops.register()  # this module imported hwprofile.ops before torch: no op looked up yet
+ops.register()  # hwprofile.ops may have been imported before torch (then nothing is bound yet): bind now
 
 K = 64
 

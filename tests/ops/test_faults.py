@@ -2,7 +2,7 @@
 or, with strict mode, the error naming the cause. Nothing reaches the engine as a raw exception.
 
 ``ops._kernel.launch`` is the op's kernel branch; the launch-argument check needs CUDA tensors, so it
-is bypassed here: every fault below happens in ``jit.load`` before anything is loaded.
+is bypassed here: every fault below happens in ``hwprofile.kernels.load`` before anything is loaded.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _fault(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "link"))
         return "symbolic link"
     if kind == "cache_switch_invalid":
-        monkeypatch.setenv("HWPROFILE_CACHE", "disabled")  # after the profile was built: only the jit sees it
+        monkeypatch.setenv("HWPROFILE_CACHE", "disabled")  # after the profile was built: only the kernel pipeline sees it
         return "HWPROFILE_CACHE='disabled' is not valid"
     if kind == "nvrtc_missing":
 
@@ -107,7 +107,7 @@ def public(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(tmp_path / "cache"))
     hwprofile.reset()
     ops.reset_dispatch()
-    hwprofile.profile(0)  # resolved before the fault: a bad HWPROFILE_CACHE then only reaches the jit
+    hwprofile.profile(0)  # resolved before the fault: a bad HWPROFILE_CACHE then only reaches the kernel pipeline
     monkeypatch.setattr(ops._dispatch, "_cpu_index", 0)
     yield
     ops.reset_dispatch()

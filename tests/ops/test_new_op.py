@@ -1,5 +1,5 @@
-"""Adding an op is one OpDef, one fallback entry, one short public function and a kernel: the recipe of
-docs/architecture.md ("Adding an op"), carried out inside the test.
+"""Adding an op is one OpDef, one fallback entry, one short public function and a kernel: the recipe in
+``hwprofile.ops``' docstring ("Adding an op"), carried out inside the test.
 
 A toy op (``neg_linear_fp32``: ``-(x . w^T)`` in float32) is defined here exactly as the recipe says and
 put through the whole contract suite (tests/ops/contract.py) through the op table. With the

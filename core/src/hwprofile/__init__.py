@@ -15,7 +15,7 @@ Plugin authors import from :mod:`hwprofile.plugin`.
 # its first profile() overlaps plugin loading with NVML's start (hwprofile._first_profile), which only
 # works if importing hwprofile loaded nothing yet (import 0.3 ms; benchmarks/RESULTS.md). So this
 # module imports nothing at run time, ``typing`` included; the TYPE_CHECKING block below gives type
-# checkers the same names, and tests/test_public_api.py keeps the three lists in step.
+# checkers the same names, and tests/package/test_public_api.py keeps the three lists in step.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .device import DeviceInfo

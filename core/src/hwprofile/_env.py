@@ -8,9 +8,10 @@ Each :class:`Var` is the one reading of its variable: core modules call ``VAR.re
 format ``VAR.name`` into their messages) instead of spelling the name or parsing the text
 themselves. :data:`VARS` lists them all, and every consumer iterates it: ``settings.check_environment``
 validates each (one error naming the variable and the accepted values) and warns about any other
-``HWPROFILE_*`` name that is not a setting's; ``hwprofile doctor`` reports them; and
-``tests/package/test_env.py`` fails when another core module spells a control variable in code, or
-when docs/architecture.md's table of control variables misses one.
+``HWPROFILE_*`` name that is not a setting's; ``settings.CORE_SETTINGS`` builds the two settings
+of the next paragraph from it; and ``tests/package/test_env.py`` fails when another core module spells a control variable
+in code, or when docs/architecture.md's table of control variables misses one. (``hwprofile
+doctor`` reports every ``HWPROFILE_*`` variable that is set, by :data:`PREFIX`.)
 
 A variable whose record names a ``setting`` (``HWPROFILE_STRICT``, ``HWPROFILE_DETERMINISTIC``) is
 declared here and nowhere else: :data:`hwprofile.settings.CORE_SETTINGS` builds the core ``bool``

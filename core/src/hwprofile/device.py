@@ -346,7 +346,7 @@ def _probe_nvml(on_read: Callable[[list[_Raw]], None] | None = None) -> tuple[li
         cuda_v = _q(pynvml.nvmlSystemGetCudaDriverVersion)
         cuda_driver = (cuda_v // 1000, (cuda_v % 1000) // 10) if isinstance(cuda_v, int) else None
         raw = []
-        several = count > 1  # clocks, bus width and cores cost ~1-4 ms each; read them when ordering needs them
+        several = count > 1  # max clocks 1.4-3.8 ms a query, bus width 0.2-0.5 (RESULTS.md): read them and cores only to order GPUs
         for i in range(count):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)

@@ -64,7 +64,7 @@ def _torch() -> tuple[str | None, str | None]:
 
 
 def collect() -> Report:
-    """The whole report; :func:`run_checks` is its ``checks``."""
+    """The whole report, its ``checks`` included (FAIL only for what compiling or running kernels needs and is broken)."""
     from . import __version__, kernels
     from ._entrypoints import find_entry_points, installed_version
     from .profiles import detect
@@ -202,11 +202,6 @@ def _cache_check() -> Check:
     except CacheError as exc:
         return Check("kernel cache", "FAIL", str(exc), "see detail")
     return Check("kernel cache", "OK", f"{path}{'' if path.is_dir() else ' (created on the first compile)'}")
-
-
-def run_checks() -> list[Check]:
-    """Every check; FAIL only for what compiling or running kernels needs and is broken."""
-    return collect().checks
 
 
 def render(r: Report) -> str:

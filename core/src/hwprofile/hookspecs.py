@@ -17,10 +17,12 @@ Rules common to every hook:
   included), lowest layer first, so that every value is attributed to the distribution that
   supplied it. No hook is ``firstresult``; a plugin's result never hides another's.
 * **When.** :func:`hwprofile_arch` is called when the plugin is registered; the other hooks when a
-  profile is resolved: once per device and process, and again after ``hwprofile.reset()``
-  (``hwprofile compile`` and a plugin's own tests resolve more often). Resolving happens inside
-  the engine's first ``hwprofile.profile()``, usually at start-up. :func:`hwprofile_catalog` is
-  the exception: it is called when a simulated device is looked up by a name only a plugin knows.
+  profile is resolved: once per device and process, and again after ``hwprofile.reset()`` (a
+  plugin's own tests, through ``profile_for``, resolve more often). Resolving happens inside the
+  engine's first ``hwprofile.profile()``, usually at start-up. The exceptions:
+  :func:`hwprofile_catalog` is called when a simulated device is looked up by a name only a plugin
+  knows, and ``hwprofile compile`` resolves no profile but calls :func:`hwprofile_declare_settings`
+  on every plugin and :func:`hwprofile_kernels` on every architecture plugin.
 * **Pure and cheap.** A hook must return the same answer for the same arguments, must not import
   torch, create a CUDA context, read the GPU, write files or ``os.environ``: ``device`` may be
   **simulated** (``device.simulated``: a catalog entry or a bare capability, no GPU behind it), and
@@ -82,7 +84,8 @@ def hwprofile_declare_settings() -> Iterable[Setting] | None:
         choices, doc, bit-identity), or ``None``.
 
     Called once per profile resolved (per device, again after ``hwprofile.reset()``), on the
-    selected architecture plugin and every downstream plugin, before any value is set. Declared
+    selected architecture plugin and every downstream plugin, before any value is set; and once
+    per plugin by ``hwprofile compile``, which checks the environment against every declaration. Declared
     settings get an environment override like core's (``HWPROFILE_<KEY>``) and can be set by any
     layer. A key outside the plugin's namespace, or declared by core or another plugin, is a
     ``SettingError`` naming both declarers.
@@ -140,9 +143,10 @@ def hwprofile_kernels(device: DeviceInfo, target: str) -> Iterable[KernelSpec] |
 
     Called once per profile resolved when an architecture plugin serves the device (before the
     settings hooks: the kernels' source digests decide whether measured thresholds are stale), on
-    the selected architecture plugin, then downstream plugins; and once per (plugin, target) by
-    ``hwprofile compile``. Returning specs compiles nothing: kernels are compiled on first use or
-    by ``hwprofile compile``. A result that is not a ``KernelSpec``, or a source missing from the
+    the selected architecture plugin, then downstream plugins; and by ``hwprofile compile`` once per
+    (architecture plugin, target), never on a downstream plugin (its kernels compile on first use
+    only). Returning specs compiles nothing: kernels are compiled on first use or by ``hwprofile
+    compile``. A result that is not a ``KernelSpec``, or a source missing from the
     package, is a ``PluginError``.
     """
 

@@ -11,7 +11,7 @@ run-time entry per op and refuses to import when one lacks a fallback (``ops._fa
 keyed by this table) or a public function; ``decide()`` explains with it, ``sweep`` measures and
 writes with it, ``tuning`` stamps its fallback identity, ``kernels.skinny_gemm`` reads its dtypes
 and scale modes, the CLI lists it, and tests/ops/ runs its contract suite over it. Adding an op:
-docs/architecture.md, "Adding an op".
+the recipe in :mod:`hwprofile.ops`' docstring.
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ GEMV = OpDef(
             "gemv.split_k",
             "bool",
             False,
-            "let the GEMV kernels split K across a thread-block cluster where N is small (changes summation order)",
+            "let every op's kernel split K across a thread-block cluster where N alone leaves SMs idle: the router GEMM and "
+            "small-M linear as well as the GEMVs (changes summation order)",
             False,
             None,
             None,

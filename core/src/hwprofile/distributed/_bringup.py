@@ -25,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun --nproc-per-node N [--nnodes ...] -m hwprofile.distributed``: check a cluster before a job.
 
     Every rank resolves its own profile (its LOCAL_RANK's device) and joins one check; rank 0
-    prints the per-rank table. Exit status: 0 agree, 1 disagree or a rank missing, 2 usage error.
+    prints the per-rank table. Exit status: 0 agree, 1 disagree or a rank missing, 2 usage error or
+    another hwprofile error (the rank prints it).
     """
     import argparse
 

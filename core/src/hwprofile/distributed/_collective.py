@@ -4,8 +4,8 @@
 (gloo on the CPU, NCCL on the rank's current CUDA device); torch.distributed is imported inside the
 functions that need it. The common case costs one ``all_gather`` of a fixed 128-byte record per
 rank (a SHA-256 over every compared key, plus the rank's host, device index and fingerprint for the
-table). Only when the digests differ does every rank gather every rank's full summary (a padded
-byte all_gather) to name the differing keys, values, provenance, ranks and hosts. Every rank takes
+table). Only when the digests differ (or with ``gather=True``) does every rank gather every rank's
+full summary (a padded byte all_gather) to name the differing keys, values, provenance, ranks and hosts. Every rank takes
 the same path, because every rank sees the same gathered digests; :func:`_missing_error` names the
 ranks that never arrived when a wait times out or a peer dies.
 """

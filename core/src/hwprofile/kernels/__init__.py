@@ -15,8 +15,8 @@ One stage per module, as cuda.core splits them:
 
 The face below is loaded lazily (PEP 562) for one reason: plugins import :mod:`.spec` while the first
 ``profile()`` runs, and importing a submodule imports this package first. If this module imported
-``_pipeline`` (toolchain, cache, filelock, platformdirs) every first ``profile()`` would pay for a
-compiler it may never call (tests/package/test_import.py::test_first_profile_leaves_slow_modules_unloaded
+``_pipeline`` (toolchain, cache, launch, and the ``json`` the cache keys are hashed with) every first
+``profile()`` would pay for a compiler it may never call (tests/package/test_import.py::test_first_profile_leaves_slow_modules_unloaded
 holds it). Attributes are looked up on each access and never copied here, so a test that patches
 ``_pipeline`` is seen by every caller. The pipeline reads its variables (``HWPROFILE_CACHE``,
 ``HWPROFILE_CACHE_DIR``) through :mod:`hwprofile._env`, never through the settings.
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
         check_target,
         check_toolchain,
         clear_cache,
-        clear_disk_cache,
         compile_all,
         compile_spec,
         cuda_headers,
@@ -70,7 +69,6 @@ __all__ = [
     "check_target",
     "check_toolchain",
     "clear_cache",
-    "clear_disk_cache",
     "compile_all",
     "compile_spec",
     "cuda_headers",

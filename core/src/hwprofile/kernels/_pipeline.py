@@ -6,8 +6,9 @@ The stages live in their own modules, as cuda.core splits them:
 * :mod:`hwprofile.kernels.cache`: the on-disk cache (key, directory policy, entry format, locking);
 * :mod:`hwprofile.kernels.launch`: module loading, argument packing, launching.
 
-This module joins them and is the import path callers use (``ops``, ``sweep``, the CLI). It must
-never let a fault escape :func:`load`, what ops call, as anything but a
+This module joins them; callers (``ops``, the CLI, ``doctor``, ``distributed``) reach it through
+the lazy face :mod:`hwprofile.kernels`, tests import it directly. It must never let a fault
+escape :func:`load`, what ops call, as anything but a
 :class:`~hwprofile.errors.KernelError`: ops turn that into the one documented warning and the
 torch fallback, so no cache or toolchain fault reaches an engine.
 
@@ -57,7 +58,6 @@ __all__ = [
     "check_target",
     "check_toolchain",
     "clear_cache",
-    "clear_disk_cache",
     "compile_all",
     "compile_spec",
     "cuda_headers",
@@ -89,11 +89,6 @@ def cache_dir(create: bool = True) -> Path:
         return kcache.cache_dir()
     os.close(opened[0])
     return opened[1]
-
-
-def clear_disk_cache() -> int:
-    """Delete every cache entry that no other process is using; return how many entries were removed."""
-    return kcache.clear().removed
 
 
 _memo_compiled: dict[str, CompiledKernel] = {}

@@ -1,8 +1,8 @@
 """Driver side of the kernel pipeline: module loading, argument packing, launching. Never compiles.
 
 cuda.core's ``ObjectCode -> Kernel -> launch(stream, config, *args)`` stage. Modules are loaded
-into torch's primary context of the device, memoised by the cubin's cache key (its content), so a
-source edit followed by ``hwprofile.reset()`` can never return the old function. Launches go to
+into torch's primary context of the device, memoised by the cubin's cache key (a hash of every
+compile input), so a source edit followed by ``hwprofile.reset()`` can never return the old function. Launches go to
 the stream handle the caller passes (``torch.cuda.current_stream()``), so CUDA graphs capture them.
 
 cuda-python and torch are imported only when a module is loaded.

@@ -84,9 +84,10 @@ class Launch(Record):
 class KernelSpec(Record):
     """A kernel a plugin contributes: CUDA C++ source shipped as package data, plus how to launch it.
 
-    ``instances`` are the template name expressions ``hwprofile compile`` pre-builds into one cubin;
-    ``configure(**shape)`` returns the :class:`Launch` for a call (any name expression not among
-    ``instances`` is compiled on first use and cached separately).
+    ``instances`` are the template name expressions ``hwprofile compile`` pre-builds, one NVRTC
+    program and cache entry each (the entry a first launch of that instance would write);
+    ``configure(**shape)`` returns the :class:`Launch` for a call (a name expression not among
+    ``instances`` is compiled on its first use, and cached the same way).
     """
 
     __slots__ = ("op", "package", "source", "instances", "configure", "options", "doc", "plugin", "distribution_version")

@@ -29,8 +29,8 @@ short public function below, and a kernel in a plugin; importing this module nam
 piece (:func:`_dispatch.missing_pieces`), and tests/ops/ runs its contract suite over the table.
 
 Why the public functions are reached through ``__getattr__`` (PEP 562) until torch is bound:
-1. binding needs torch, and importing this module must not import it (``hwprofile explain`` and
-   ``decide()`` use the routing without torch);
+1. binding needs torch, and importing this module must not import it (``decide()`` and
+   :func:`route` work without torch);
 2. an op's first call may come inside ``torch.compile``: dynamo would trace a call of
    :func:`register` and cannot, but it performs attribute lookups for real, so the first
    ``ops.router_gemm`` lookup binds, defines the custom ops and puts the functions here; later

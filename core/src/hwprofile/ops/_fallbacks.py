@@ -2,9 +2,11 @@
 
 :data:`FALLBACKS` is the registry: op name -> the function that computes the op's contract on 2-D
 operands (``x [M, K]``, ``w [N, K]``, and ``scale`` for a scaled op) in the contract's dtypes. It is
-the one place a fallback is chosen: the ops' eager front and general path, ``hwprofile sweep`` (the
-side it times against the kernel) and the benchmarks all call ``FALLBACKS[op]``; the identity string
-a tuning stamp records beside it is the op table's ``OpDef.fallback`` (change both together).
+the one place a fallback is chosen: the ops' eager front and general path call it through their
+run-time entry (``_dispatch.ENTRIES[op].fallback``, bound from here at import), ``hwprofile sweep``
+(the side it times against the kernel) and the benchmarks through ``hwprofile.ops.fallback(op)``;
+the identity string a tuning stamp records beside it is the op table's ``OpDef.fallback`` (change
+both together).
 ``hwprofile.ops`` refuses to import when an op of the table has no entry here.
 
 Each fallback is at least as precise as the kernel it replaces (fp32 accumulation, one rounding)
