@@ -12,6 +12,7 @@ import hwprofile
 from hwprofile import Value, hookimpl, tuning
 from hwprofile.device import DeviceInfo
 from hwprofile.errors import SettingError
+from hwprofile.optable import OPS
 from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from tests.conftest import tuned_toml
@@ -222,11 +223,9 @@ def test_every_shipped_stamp_matches_the_installed_plugin() -> None:
             wrong.append(f"{who}: {key} stamped with {st.plugin} {st.plugin_version}, installed {plugin.version}")
         if st.kernel != digest:
             wrong.append(f"{who}: {key} stamped with kernel {st.kernel[:12]}, the shipped kernel is {digest[:12]}: re-measure and re-stamp")
-        if st.fallback.get("function") != tuning.FALLBACK_FUNCTION.get(st.op):
-            wrong.append(
-                f"{who}: {key} stamped against fallback {st.fallback.get('function')!r}, "
-                f"the op's fallback is {tuning.FALLBACK_FUNCTION.get(st.op)!r}"
-            )
+        now = OPS[st.op].fallback if st.op in OPS else None
+        if st.fallback.get("function") != now:
+            wrong.append(f"{who}: {key} stamped against fallback {st.fallback.get('function')!r}, the op's fallback is {now!r}")
         if plugin.arch is None or st.compute_capability not in plugin.arch.targets:
             wrong.append(f"{who}: {key} measured on {st.compute_capability}, which {st.plugin} does not serve")
     assert not wrong, "\n".join(wrong)

@@ -1,7 +1,8 @@
 """The plugin-author API: everything a hwprofile plugin and its tests import, from one module.
 
-Never imports torch, CUDA or the JIT at import: plugins are imported while the first ``profile()``
-runs, and every module this one imports is loaded by then anyway. What is not exported here (or from
+Never imports torch, CUDA or the kernel pipeline's compiler stages at import: plugins are imported
+while the first ``profile()`` runs, so this module imports only the light records and tables
+(``kernels.spec``, ``kernels.skinny_gemm``, ``optable``, ``catalog``, ``tuning``) that resolving needs. What is not exported here (or from
 ``hwprofile``) is internal and may change without notice; every module of the shipped plugins
 imports only this module and ``hwprofile`` (``tests/package/test_import_graph.py`` holds it).
 

@@ -55,7 +55,6 @@ log = get_logger(__name__)
 MAX_TUNED_BYTES = 1 << 20
 SAMPLES_DIR = "samples"
 
-FALLBACK_FUNCTION = {name: op.fallback for name, op in OPS.items()}  # declared once, in the op table
 _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 _UNKNOWN = ("", "unknown", "not installed")
 _LIBRARIES = ("torch", "cublas", "cublaslt")
@@ -338,7 +337,7 @@ class Staleness:
         return self._now[key]
 
     def compare(self, stamp: Stamp) -> Comparison:
-        if stamp.op not in FALLBACK_FUNCTION:
+        if stamp.op not in OPS:
             return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
         return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan)), real_gpu=not self.info.simulated)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from .. import _state
 from .._log import get_logger
 from ..optable import FP8_GEMV, GEMV, LINEAR_BF16_FP32, ROUTER_GEMM
 
@@ -28,6 +29,12 @@ _F_linear: Any = None  # torch.nn.functional.linear, bound by bind()
 _mm_out_dtype: bool | None = None  # does this torch have torch.mm(..., out_dtype=) on CUDA? probed once
 
 FP8_CHUNK_ELEMENTS: Final = 1 << 24  # weight elements dequantised at a time: 32 MB of bf16
+
+
+@_state.on_reset
+def _forget_probe() -> None:
+    global _mm_out_dtype
+    _mm_out_dtype = None  # probed again on the next CUDA call (another torch may have been installed)
 
 
 def bind(torch: Any) -> None:

@@ -33,11 +33,13 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
         ),
         "linear_bf16_fp32.max_tokens": Value(8, f"conservative until measured on SM100 against {against}"),
         "gemv.split_k": Value(
-            True, "spread small N over 148 SMs with cluster split-K; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0"
+            True,
+            "spread small N over 148 SMs with cluster split-K (the GEMVs, the router GEMM and the small-M linear kernel); "
+            "not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0",
         ),
         "gemv.cublas_roof_n_min": Value(12288, "assumed as on Hopper until swept on SM100"),
         "gemv.cublas_roof_n_max": Value(32768, "assumed as on Hopper until swept on SM100"),
-        "fp8_gemv.cublas_roof_n_min": Value(0, "FP8 fallback dequantises first: the kernel is used at every N"),
+        "fp8_gemv.cublas_roof_n_min": Value(0, "the FP8 fallback dequantises (bf16 chunks) first: the kernel is used at every N"),
         "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
     }
 

@@ -35,12 +35,13 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
         ),
         "linear_bf16_fp32.max_tokens": Value(8, "conservative until measured on SM120 against torch.mm(out_dtype=fp32)"),
         # The FP8 GEMV exists for SM120: with no tcgen05, cuBLAS FP8 at M = 1 is a poor fit and the
-        # fallback dequantises the whole weight first.
+        # fallback dequantises the weight to bf16 (in chunks of at most 32 MB) before its GEMM.
         # SM12x has no tcgen05/TMEM and ~99 KB of shared memory per block, so the datacenter
         # Blackwell GEMM paths do not apply; the SIMT/mma.sync kernels need split-K to fill the SMs.
         "gemv.split_k": Value(
             True,
-            "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N; "
+            "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N "
+            "(the GEMVs, the router GEMM and the small-M linear kernel); "
             "not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0",
         ),
         "fp8_gemv.cublas_roof_n_min": Value(0, "the FP8 kernel is used at every N (no near-roof fallback for FP8 at M = 1)"),

@@ -57,7 +57,8 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
         "linear_bf16_fp32.max_k": Value(7168, "the sweep measured K = 7168 only", linear),
         "gemv.split_k": Value(
             True,
-            "small N leaves most of the 132 SMs idle without split-K over a cluster; "
+            "small N leaves most of the 132 SMs idle without split-K over a cluster (the GEMVs, and the router GEMM "
+            "and small-M linear plans); "
             "not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0",
         ),
         # sweep over N x K: the largest all-winning box is N <= 4096, K <= 7168 (1.03-1.20x); the
