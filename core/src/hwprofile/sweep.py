@@ -249,6 +249,20 @@ def default_grid(op: str) -> list[tuple[int, int, int]]:
     return list(get(op).grid)
 
 
+def model_grid(op: str, models: Sequence[str] | None = None, model_files: Sequence[Path | str] = ()) -> list[tuple[int, int, int]]:
+    """The served-model catalog's shapes for ``op`` (every model, or the named ones, plus those of
+    ``model_files``), sorted: what a sweep must measure so that dispatch is right where models run.
+
+    Not yet the default grid: :func:`thresholds_for` turns a grid into one threshold and one N x K
+    box, and a box spanning the catalog's shapes would include combinations nobody measured. The
+    catalog becomes the default once a tuned result can hold one decision per measured shape.
+    """
+    from . import models as catalog
+
+    known = catalog.load(model_files)
+    return catalog.shapes(op, known if models is None else catalog.select(known, models))
+
+
 def run(
     prof: Any,
     op: str,
