@@ -13,6 +13,15 @@
   kernel tests: a kernel that cannot be built or loaded raises instead of falling back).
 * ``rel_error(out, ref)``: the relative error of a kernel's output against a float64 reference,
   failing on a NaN (an output poisoned with NaN before the launch shows an element never written).
+* ``@pytest.mark.hwprofile_per_device``: the test's outcome can depend on the session's device, so a
+  CI matrix runs it once per simulated device (``-m hwprofile_per_device``) and everything else once
+  (``-m "not hwprofile_per_device"``). The plugin adds the mark itself to every test that uses
+  ``hwprofile_arch``, ``hwprofile_gpu`` or the ``hwprofile_profile`` fixture; a test that reads the
+  device otherwise (``hwprofile.profile()`` without setting ``HWPROFILE_DEVICE`` itself) carries it
+  explicitly. With the ini option ``hwprofile_guard_device = true`` every test *without* the mark runs
+  with ``HWPROFILE_DEVICE`` set to a name hwprofile refuses (:data:`UNDECLARED_DEVICE`), so such a test
+  that reads the device anyway fails, and its report says which mark it lacks.
+* Skips the plugin decides (markers, fixtures) are reported at the test's own location, not here.
 
 It is its own distribution, ``pytest-hwprofile``: pytest rewrites the asserts of every module of a
 distribution that declares a ``pytest11`` entry point, and hwprofile's modules are library code.
@@ -22,17 +31,40 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
-from typing import Any
+import sys
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-__all__ = ["rel_error"]
+if TYPE_CHECKING:  # the class pytest.skip.Exception is, by the name type checkers see
+    from _pytest.outcomes import Skipped as _Skipped
+else:
+    _Skipped = pytest.skip.Exception
+
+__all__ = ["PER_DEVICE", "UNDECLARED_DEVICE", "rel_error"]
 
 _SAVED_ENV = pytest.StashKey[str | None]()  # HWPROFILE_DEVICE before --hwprofile-device set it
 # hwprofile's control variables, spelled here (not imported) so that loading pytest imports no hwprofile:
 SIMULATE_ENV = "HWPROFILE_DEVICE"  # the simulated device(s)
 STRICT_ENV = "HWPROFILE_STRICT"  # stale values and kernel faults are errors, not warnings and fallbacks
+
+#: The marker of a test whose outcome can depend on the session's device (run once per device).
+PER_DEVICE = "hwprofile_per_device"
+#: What a test without :data:`PER_DEVICE` sees as ``HWPROFILE_DEVICE`` under ``hwprofile_guard_device``:
+#: hwprofile refuses the name (``DeviceError: unknown simulated device ...``), and so does any
+#: subprocess that inherits it.
+UNDECLARED_DEVICE = "read-by-a-test-not-marked-hwprofile_per_device"
+#: The plugin's markers and fixtures whose use makes a test per-device: each reads device 0 of the
+#: session (the simulated one, or the real GPU). ``hwprofile_simulate`` and ``hwprofile_strict_gpu``
+#: are not among them: each sets (or unsets) the simulated device itself.
+_DEVICE_MARKERS = ("hwprofile_arch", "hwprofile_gpu")
+_DEVICE_FIXTURES = frozenset({"hwprofile_profile"})
+_GUARD_INI = "hwprofile_guard_device"
+
+
+class _Skip(_Skipped):
+    """A skip this plugin decides: reported at the test's location (``pytest_runtest_makereport``)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,11 +73,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--hwprofile-device", default=None, metavar="NAME",
         help="simulate this GPU: a catalog name (h200), a capability (sm_110, 11.0), a comma list, or 'none'",
     )
+    parser.addini(
+        _GUARD_INI, type="bool", default=False,
+        help=f"tests not marked {PER_DEVICE} see HWPROFILE_DEVICE={UNDECLARED_DEVICE} (refused), so reading the session device fails them",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "hwprofile_arch(*sms): run only when device 0 has one of these exact capabilities (sm_90, 12.1...)")
     config.addinivalue_line("markers", "hwprofile_gpu(*sms): needs a real GPU usable by torch (of one of these capabilities, if given)")
+    config.addinivalue_line(
+        "markers",
+        f"{PER_DEVICE}: the outcome can depend on the session's device (--hwprofile-device): run once per device "
+        "(added automatically to tests using hwprofile_arch, hwprofile_gpu or the hwprofile_profile fixture)",
+    )
     name = config.getoption("--hwprofile-device", default=None)
     if not name or name.strip().lower() == "none":
         return
@@ -98,15 +139,15 @@ def _real_gpu_or_skip(wanted: set[tuple[int, int]]) -> None:
     """Skip, with the reason, unless device 0 is a real GPU (of one of ``wanted``, if any) that torch can use."""
     d, desc = _device0(real=True)
     if d is None:
-        pytest.skip(f"needs a real NVIDIA GPU; {desc}")
+        raise _Skip(f"needs a real NVIDIA GPU; {desc}")
     if wanted and d.compute_capability not in wanted:
-        pytest.skip(f"needs a real {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))} GPU; {desc}")
+        raise _Skip(f"needs a real {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))} GPU; {desc}")
     try:
         import torch
     except ImportError:
-        pytest.skip("needs torch to use the GPU")
+        raise _Skip("needs torch to use the GPU") from None
     if not torch.cuda.is_available():
-        pytest.skip(f"torch cannot use the GPU; {desc}")
+        raise _Skip(f"torch cannot use the GPU; {desc}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -114,9 +155,68 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         wanted = {_parse_cc(a) for a in mark.args}
         d, desc = _device0(real=False)
         if d is None or d.compute_capability not in wanted:
-            pytest.skip(f"needs {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))}; {desc}")
+            raise _Skip(f"needs {', '.join(sorted(f'sm_{a}{b}' for a, b in wanted))}; {desc}")
     for mark in item.iter_markers("hwprofile_gpu"):
         _real_gpu_or_skip({_parse_cc(a) for a in mark.args})
+
+
+def _uses_the_device(item: pytest.Item) -> bool:
+    """Whether ``item`` uses one of the plugin's markers or fixtures that read the session's device."""
+    if any(item.get_closest_marker(m) is not None for m in _DEVICE_MARKERS):
+        return True
+    return not _DEVICE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark per-device every test that uses the device markers or fixtures (before ``-m`` selects)."""
+    if item.get_closest_marker(PER_DEVICE) is None and _uses_the_device(item):
+        item.add_marker(PER_DEVICE)
+
+
+def _reset_hwprofile() -> None:
+    """Forget resolved devices and profiles, when hwprofile is loaded (they were resolved for another device)."""
+    if "hwprofile.profiles" in sys.modules:
+        sys.modules["hwprofile.profiles"].reset()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Under ``hwprofile_guard_device``, run a test without the per-device mark on a refused device name."""
+    if not item.config.getini(_GUARD_INI) or item.get_closest_marker(PER_DEVICE) is not None:
+        return (yield)
+    before = os.environ.get(SIMULATE_ENV)
+    os.environ[SIMULATE_ENV] = UNDECLARED_DEVICE
+    _reset_hwprofile()
+    try:
+        return (yield)
+    finally:
+        if before is None:
+            os.environ.pop(SIMULATE_ENV, None)
+        else:
+            os.environ[SIMULATE_ENV] = before
+        _reset_hwprofile()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Skips of this plugin at the test's location; a guarded test that read the device says what it lacks."""
+    report = yield
+    if report.skipped and call.excinfo is not None and isinstance(call.excinfo.value, _Skip):
+        path, line = item.reportinfo()[:2]
+        report.longrepr = (os.fspath(path), (line or 0) + 1, f"Skipped: {call.excinfo.value.msg}")
+    elif report.failed and UNDECLARED_DEVICE in _report_text(report):
+        report.sections.append((
+            "hwprofile",
+            f"This test read the session's device (HWPROFILE_DEVICE, hwprofile.profile(), hwprofile.detect()) but is not marked "
+            f"{PER_DEVICE}: under {_GUARD_INI} it saw HWPROFILE_DEVICE={UNDECLARED_DEVICE}. Mark it "
+            f"@pytest.mark.{PER_DEVICE} (it then runs once per simulated device), or give it its own device "
+            "(monkeypatch.setenv('HWPROFILE_DEVICE', 'h200'), the hwprofile_simulate fixture, or an explicit environ).",
+        ))
+    return report
+
+
+def _report_text(report: pytest.TestReport) -> str:
+    return report.longreprtext + "".join(content for _, content in report.sections)
 
 
 @pytest.fixture
@@ -127,7 +227,7 @@ def hwprofile_profile() -> Any:
     reset()
     d, desc = _device0(real=False)
     if d is None:
-        pytest.skip(f"nothing to profile: {desc}; simulate one with --hwprofile-device=NAME")
+        raise _Skip(f"nothing to profile: {desc}; simulate one with --hwprofile-device=NAME")
     return profile(0)
 
 

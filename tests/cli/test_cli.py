@@ -83,6 +83,7 @@ def test_plugins_lists_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert by["sm120"]["targets"] == {"12.0": "sm_120a", "12.1": "sm_121a"}
 
 
+@pytest.mark.hwprofile_per_device  # doctor reports the session's devices
 def test_doctor_runs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "doctor")
     assert "nvrtc" in out and code in (0, 1)

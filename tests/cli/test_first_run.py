@@ -70,6 +70,7 @@ def test_json_is_json_where_accepted(capsys: pytest.CaptureFixture[str], argv: l
     assert code == 0 and isinstance(json.loads(out), (dict, list))
 
 
+@pytest.mark.hwprofile_per_device  # lists the session's visible devices
 def test_devices_lists_simulatable_and_visible(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "devices", "--simulate", "gb300,sm_110")
     assert code == 0
@@ -180,6 +181,7 @@ def test_doctor_json_is_a_collect_env_report(capsys: pytest.CaptureFixture[str],
     assert code == (1 if any(c["status"] == "FAIL" for c in d["checks"]) else 0)
 
 
+@pytest.mark.hwprofile_per_device  # doctor reports the session's devices
 def test_doctor_text_sections(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "doctor")
     for section in ("versions:", "environment:", "paths:", "checks:"):
@@ -187,6 +189,7 @@ def test_doctor_text_sections(capsys: pytest.CaptureFixture[str]) -> None:
     assert code in (0, 1)
 
 
+@pytest.mark.hwprofile_per_device  # doctor reports the session's devices
 def test_doctor_fails_on_header_mismatch_and_warns_on_torch_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("cuda.bindings")
     from hwprofile import device, doctor

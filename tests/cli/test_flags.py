@@ -82,6 +82,7 @@ def test_compile_warns_about_a_misspelt_setting(monkeypatch: pytest.MonkeyPatch,
     assert "did you mean HWPROFILE_ROUTER_GEMM_MAX_TOKENS?" in caplog.text
 
 
+@pytest.mark.hwprofile_per_device  # doctor reports the session's devices
 def test_doctor_fails_on_a_kernel_cache_directory_the_cache_refuses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
     """A shared cache directory makes every kernel load fail: doctor says so as a FAIL (exit 1), naming the fix."""

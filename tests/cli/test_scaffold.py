@@ -45,6 +45,7 @@ def hw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPro
 @pytest.mark.skipif(
     bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device"
 )
+@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
 def test_guide_steps_for_sm89(tmp_path: Path) -> None:
     _, commands = doc_blocks()
     assert commands == [
@@ -152,3 +153,98 @@ def test_misspelt_hook_argument_in_a_plugin_module() -> None:
     bad.hwprofile_kernels = hwprofile_kernels  # type: ignore[attr-defined]
     with pytest.raises(PluginError, match="(?s)typo.*devise.*hookspecs"):
         Registry({}).register(bad, "typo", distribution="hwprofile-typo", version="0.1.0")
+
+
+# --- names and targets that must be refused (issue 25) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capability", "target"),
+    [
+        ("8.9", "sm_90a"), ("8.9", "sm_90"), ("9.0", "sm_89"), ("10.3", "sm_100a"), ("10.3", "sm_100f"), ("12.1", "sm_120a"),
+        ("8.0", "sm_89"),
+    ],
+)
+def test_target_must_be_the_capabilitys(tmp_path: Path, capability: str, target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--capability 8.9 --target sm_90a`` was accepted: a plugin whose kernels cannot run on the devices it claims."""
+    own = "sm_" + capability.replace(".", "")
+    with pytest.raises(HwprofileError) as e:
+        scaffold.files("mygpu", capability, target)
+    msg = str(e.value)
+    assert f"--target {target} does not match --capability {capability}" in msg and f"{own}, {own}a or {own}f" in msg
+    assert main(["new-plugin", "mygpu", "--capability", capability, "--target", target, "--dir", str(tmp_path / "x")]) == 2
+    assert "does not match --capability" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("capability", "target"), [("8.9", None), ("8.9", "sm_89"), ("8.9", "sm_89a"), ("9.0", "sm_90a"),
+                                                    ("10.3", "sm_103a"), ("10.0", "sm_100f"), ("12.1", "sm_121a")])
+def test_targets_of_the_capability_are_accepted(capability: str, target: str | None) -> None:
+    files = scaffold.files("mygpu", capability, target)
+    assert f'"{target or "sm_" + capability.replace(".", "")}"' in files["src/hwprofile_mygpu/__init__.py"]
+
+
+def test_installed_plugin_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``new-plugin sm90`` scaffolded a package named after the installed hwprofile-sm90, which installing it would replace."""
+    installed = [p for p in Registry({}).load_entry_points().plugins.values() if p.distribution]
+    if not installed:
+        pytest.skip("no plugin installed")
+    for p in installed:
+        d = tmp_path / p.name
+        with pytest.raises(HwprofileError) as e:
+            scaffold.write(d, p.name, "8.9")
+        msg = str(e.value)
+        assert msg.startswith(f"plugin name {p.name!r} is taken: ") and "Choose a name of your own" in msg, msg
+        assert str(p.distribution) in msg and not d.exists()
+        assert main(["new-plugin", p.name, "--capability", "8.9", "--dir", str(d)]) == 2
+        assert f"plugin name {p.name!r} is taken" in capsys.readouterr().err and not d.exists()
+
+
+def test_installed_distribution_name_is_refused_by_its_version() -> None:
+    from importlib.metadata import version
+
+    if scaffold.name_taken("sm90") is None:
+        pytest.fail("sm90 is shipped: taken whether installed or not")
+    try:
+        v = version("hwprofile-sm90")
+    except Exception:  # noqa: BLE001 - not installed: the shipped-name rule alone
+        assert "a plugin hwprofile ships" in (scaffold.name_taken("sm90") or "")
+    else:
+        assert scaffold.name_taken("sm90") == f"hwprofile-sm90 {v} is installed here"
+
+
+@pytest.mark.parametrize("name", ["sm90", "sm100", "sm120"])  # scaffold.SHIPPED_PLUGINS, checked below
+def test_shipped_plugin_names_are_refused_even_when_not_installed(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.metadata
+    import importlib.util
+
+    from hwprofile import _entrypoints
+
+    def missing(dist: str) -> object:
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(_entrypoints, "find_entry_points", lambda group: [])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    assert scaffold.name_taken(name) == f"hwprofile-{name} is a plugin hwprofile ships (plugins/{name} of the hwprofile project)"
+    with pytest.raises(HwprofileError, match="is taken"):
+        scaffold.write(tmp_path / "p", name, "9.0")
+    assert scaffold.name_taken("mysm90") is None
+
+
+def test_shipped_plugin_names_are_the_repositorys_plugins() -> None:
+    plugins = Path(__file__).parents[2] / "plugins"
+    assert sorted(scaffold.SHIPPED_PLUGINS) == sorted(p.name for p in plugins.iterdir() if (p / "pyproject.toml").is_file())
+
+
+def test_a_registered_plugin_name_and_an_importable_module_are_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downstream plugin's entry-point name (two distributions may not register one name), or a module the package would shadow."""
+    from hwprofile import _entrypoints
+
+    ep = _entrypoints.EntryPoint("engine9", "engine9_mod", "engine9-hwprofile", "1.2")
+    real = _entrypoints.find_entry_points
+    monkeypatch.setattr(_entrypoints, "find_entry_points", lambda group: [*real(group), ep])
+    assert scaffold.name_taken("engine9") == "the installed engine9-hwprofile 1.2 registers a plugin named 'engine9'"
+    (tmp_path / "hwprofile_mine7.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert (scaffold.name_taken("mine7") or "").startswith("a module hwprofile_mine7 is importable here")
+    assert scaffold.name_taken("free_name_42") is None

@@ -136,6 +136,7 @@ def test_unknown_name_lists_builtin_and_plugin_names(monkeypatch: pytest.MonkeyP
         catalog.lookup("h300", reg.catalog_entries)
 
 
+@pytest.mark.hwprofile_per_device  # lists the session's visible devices
 def test_devices_command_shows_plugin_entries(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from hwprofile.cli import main
 

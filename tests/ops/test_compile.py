@@ -111,6 +111,7 @@ def test_compile_errors_name_the_argument() -> None:
 @pytest.mark.skipif(
     DEVICE.name in os.environ, reason="inductor compiles C++ (~15 s on 2 cores): once per CI run, in the leg without a simulated device"
 )
+@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
 def test_compile_inductor() -> None:
     torch._dynamo.reset()
     try:  # inductor's CPU code needs a working C++ compiler; that belongs to the machine, not to these ops

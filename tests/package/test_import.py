@@ -42,6 +42,7 @@ def test_plugin_modules_import_cheaply() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.hwprofile_per_device  # detects and profiles the session's device
 def test_process_can_fork_after_detection_and_profile() -> None:
     code = r"""
 import os, hwprofile

@@ -31,19 +31,52 @@ def test_metadata_fit_to_publish(d: str) -> None:
     p = project(d)
     assert p["license"] == "Apache-2.0" and p["license-files"] == ["LICENSE"], d
     assert p["readme"] == "README.md" and (ROOT / d / "README.md").is_file(), d
-    assert "Typing :: Typed" in p["classifiers"] and any(c.startswith("Programming Language :: Python :: 3.11") for c in p["classifiers"])
+    assert any(c.startswith("Programming Language :: Python :: 3.11") for c in p["classifiers"]), d
     assert {"Homepage", "Source", "Issues"} <= set(p["urls"]), d
     assert p["requires-python"] == ">=3.11"
 
 
 @pytest.mark.parametrize("d", DISTS)
 def test_typed_claim_is_backed_by_py_typed(d: str) -> None:
-    if d == "pytest-hwprofile":
-        return  # a single module: its annotations are inline (no package to mark)
+    """``Typing :: Typed`` exactly where every package ships a py.typed (PEP 561); a single-module
+    distribution (pytest-hwprofile) has no package to carry one, so it must not claim it."""
     pkgs = [p for p in (ROOT / d / "src").iterdir() if p.is_dir() and not p.name.endswith(".egg-info") and p.name != "__pycache__"]
-    assert pkgs and all((p / "py.typed").is_file() for p in pkgs), d
-    data = tomllib.loads((ROOT / d / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert all("py.typed" in " ".join(data.get(p.name, [])) for p in pkgs), f"{d}: py.typed is not shipped as package data"
+    data = tomllib.loads((ROOT / d / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {}).get("package-data", {})
+    shipped = bool(pkgs) and all((p / "py.typed").is_file() and "py.typed" in " ".join(data.get(p.name, [])) for p in pkgs)
+    claimed = "Typing :: Typed" in project(d)["classifiers"]
+    assert claimed == shipped, f"{d}: claims Typing :: Typed: {claimed}; every package ships a py.typed as package data: {shipped}"
+
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)")  # [text](target), ![alt](target)
+_REF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)  # [label]: target
+_HTML = re.compile(r"""\b(?:href|src)\s*=\s*["']([^"']+)""", re.I)
+_REPO = "https://github.com/hwprofile/hwprofile/"
+
+
+def _slugs(md: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    body = re.sub(r"```.*?```", "", md, flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#{1,6} (.+)$", body, re.M)}
+
+
+@pytest.mark.parametrize("d", DISTS)
+def test_long_description_links_are_absolute_and_alive(d: str) -> None:
+    """The README each distribution publishes as its long description is read on an index page,
+    where a relative link points nowhere: every link is absolute, and one into this repository
+    names a file (and heading) that exists."""
+    readme = ROOT / d / project(d)["readme"]
+    text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", readme.read_text(), flags=re.S))  # not in code
+    targets = [*_LINK.findall(text), *_REF.findall(text), *_HTML.findall(text)]
+    relative = [t for t in targets if not re.match(r"(https?://|mailto:)", t)]
+    assert not relative, f"{d}/README.md has relative links, dead on an index page: {relative}"
+    for t in targets:
+        m = re.match(re.escape(_REPO) + r"(?:blob|tree)/main/([^#?]*)(?:#(.*))?$", t)
+        if m is None:
+            continue
+        path, anchor = ROOT / m.group(1), m.group(2)
+        assert path.exists(), f"{d}/README.md links to {t}, and {m.group(1)} is not in the repository"
+        if anchor:
+            assert anchor in _slugs(path.read_text()), f"{d}/README.md links to {t}: {m.group(1)} has no heading #{anchor}"
 
 
 @pytest.mark.parametrize("d", [d for d in DISTS if d != "core"])
@@ -103,7 +136,7 @@ def _install_snippets() -> list[tuple[str, str]]:
     out = []
     for f in files:
         for line in f.read_text().splitlines():
-            for m in re.finditer(r"pip install ([^`\n#&]*)", line):  # up to a comment or the next command
+            for m in re.finditer(r"pip install ((?:[^`\n#&]|(?<=\S)#)*)", line):  # up to a comment or the next command
                 out.append((str(f.relative_to(ROOT)), m.group(1)))
     return out
 
@@ -121,15 +154,63 @@ def test_every_install_snippet_that_installs_core_names_the_extra() -> None:
 
 
 def test_every_local_install_is_a_path() -> None:
-    """`pip install hwprofile-sm89` would ask the public index for a name this project never published."""
+    """`pip install hwprofile-sm89` would ask the public index for a name this project never published.
+
+    A path, or a direct reference to this repository (`"hwprofile[cu13] @ git+https://github.com/hwprofile/hwprofile#subdirectory=core"`)."""
     local = {project(d)["name"] for d in DISTS} | {"hwprofile-sm89"}
     bad = []
     for where, cmd in _install_snippets():
-        for word in cmd.split():
+        words = cmd.split()
+        for i, word in enumerate(words):
             name = re.split(r"[\[<>=]", word.strip("'\""))[0]
-            if name in local and not word.lstrip("'\"").startswith(("./", "/", "../")):
+            direct = words[i + 1 : i + 3]
+            url = direct[1].strip("'\"") if len(direct) == 2 and direct[0] == "@" else ""
+            from_repo = url.startswith("git+" + _REPO.rstrip("/") + "#subdirectory=")
+            if name in local and not word.lstrip("'\"").startswith(("./", "/", "../")) and not from_repo:
                 bad.append(f"{where}: pip install {cmd}")
     assert not bad, "\n".join(bad)
+
+
+def test_readme_says_how_to_install_unpublished_names() -> None:
+    """Until the names are registered on PyPI, the README says how to install them and why never by name."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    note = text[text.index("not on PyPI yet"):text.index("**Test it**")]
+    assert "git+https://github.com/hwprofile/hwprofile#subdirectory=core" in note and "dependency confusion" in note
+    for d in DISTS[:4] + DISTS[5:]:
+        assert f"`{project(d)['name']}`" in note, project(d)["name"]
+    subdirs = re.findall(r"#subdirectory=([\w/.-]+)", note)
+    assert subdirs and all(s in DISTS for s in subdirs), subdirs  # each names a distribution's folder
+
+
+def test_readme_engine_start_up_names_real_api() -> None:
+    """Every hwprofile name the README's "In an engine" block calls exists."""
+    import hwprofile
+    import hwprofile.distributed
+    from hwprofile import ops
+    from hwprofile.profiles import Profile
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## In an engine")
+    section = text[start:text.index("\n## ", start + 1)]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    order = ["hwprofile.profile(", "prof.apply_env()", "set_device(", "init_process_group(", "check_agreement()", "ops.router_gemm("]
+    assert [block.index(s) for s in order] == sorted(block.index(s) for s in order), "start-up steps out of order"
+    for word in ("apply_env()", "warm-up", "check_agreement()", "before CUDA-graph capture", "init_process_group"):
+        assert word in section, word
+    roots: dict[str, tuple[object, ...]] = {
+        "hwprofile.distributed": (hwprofile.distributed,), "hwprofile": (hwprofile,), "ops": (), "prof": (Profile,),
+    }
+    found = re.findall(r"(?<![\w.])(hwprofile\.distributed|hwprofile|ops|prof)\.(\w+)", section)
+    assert {(r, n) for r, n in found} >= {
+        ("hwprofile", "profile"), ("prof", "apply_env"), ("hwprofile.distributed", "check_agreement"), ("ops", "router_gemm"),
+    }
+    for root, name in found:
+        if root == "hwprofile" and name == "distributed":
+            continue
+        if root == "ops":
+            assert name in ops.__all__, f"ops.{name}"
+        else:
+            assert all(hasattr(o, name) for o in roots[root]), f"{root}.{name}"
 
 
 def test_readme_run_it_needs_no_torch() -> None:

@@ -35,6 +35,7 @@ prof.get("router_gemm.max_tokens", list)
 
 
 @pytest.mark.skipif(bool(os.environ.get("HWPROFILE_DEVICE")), reason="slow (runs mypy): runs in the leg without a simulated device")
+@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
 def test_engine_code_type_checks(tmp_path: Path) -> None:
     api = pytest.importorskip("mypy.api")
     (tmp_path / "engine.py").write_text(ENGINE)

@@ -278,6 +278,7 @@ def test_fork_while_another_thread_resolves_leaves_the_child_able_to_profile(ext
 # --- plugin import time is measured --------------------------------------------------------------
 
 
+@pytest.mark.hwprofile_per_device  # `plugins` selects for the session's devices
 def test_plugin_import_time_is_measured_shown_and_slow_ones_named(
     extra_plugin,
     monkeypatch: pytest.MonkeyPatch,

@@ -10,6 +10,8 @@ from hwprofile import ops
 from hwprofile.kernels import _pipeline as jit
 from hwprofile.optable import OPS
 
+pytestmark = pytest.mark.hwprofile_per_device  # the legs: every test here reads the session's device
+
 
 @pytest.fixture
 def prof() -> hwprofile.Profile:

@@ -200,3 +200,32 @@ def _entry_points_slow(group: str) -> list[EntryPoint]:
         dist = ep.dist.metadata["Name"] if ep.dist is not None else None
         out.append(EntryPoint(ep.name, ep.value, dist, ep.dist.version if ep.dist is not None else None))
     return out
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[str | int, ...]:
+    """Sort key that orders digit runs as numbers: ``sm90 < sm100 < sm120``, ``sm_90a < sm_100a``.
+
+    For listing plugins and targets (``hwprofile plugins``, ``--version``, ``doctor``, ``compile``);
+    the registry's own order (which decides nothing about layering between architectures) is unchanged.
+    """
+    return tuple(int(p) if i % 2 else p.lower() for i, p in enumerate(_DIGITS.split(name)))
+
+
+def package_file(package: str, relpath: str) -> str | None:
+    """Path of ``relpath`` inside top-level package ``package`` as ``import package`` would find it
+    (the first ``sys.path`` entry holding ``package/__init__.py``), without importing it; ``None`` if absent.
+
+    ``hwprofile doctor`` reads ``torch/version.py`` as text through it: importing torch costs seconds
+    (and torch's own warnings) for two strings.
+    """
+    import sys
+
+    for entry in sys.path:
+        base = os.path.join(entry or os.curdir, package)
+        if os.path.isfile(os.path.join(base, "__init__.py")):
+            path = os.path.join(base, relpath)
+            return path if os.path.isfile(path) else None
+    return None

@@ -89,11 +89,35 @@ class Var(Generic[_T]):
         return self.default if raw is None else self.parse(raw)
 
     def refused(self, text: str) -> HwprofileError:
-        """The error for a refused value ``text`` (raised by :meth:`parse`)."""
-        return self.error(f"{self.name}={text!r} is not valid: expected {self.accepts} (unset it for the default: {self.unset})")
+        """The error for a refused value ``text`` (raised by :meth:`parse`).
+
+        An empty (or blank) value says so and what to do, since ``export VAR=`` or an env file's
+        ``VAR=`` line looks like "unset" to its author: see :func:`empty_hint`.
+        """
+        if not text.strip():
+            hint = empty_hint(self.name, text, f"the default ({self.unset})")
+            msg = f"{self.name}={text!r} is not valid: expected {self.accepts}. {hint}"
+        else:
+            msg = f"{self.name}={text!r} is not valid: expected {self.accepts} (unset it for the default: {self.unset})"
+        return self.error(msg)
 
     def __repr__(self) -> str:
         return f"<Var {self.name}>"
+
+
+def empty_hint(name: str, text: str, unset_gives: str) -> str:
+    """What to do about variable ``name`` set to the empty (or blank) ``text`` that its parser refused.
+
+    A variable that is present counts as set, even when empty, so ``VAR=`` (an ``export VAR=``, an
+    env file's ``VAR=`` line) does not give the default: the hint says so and how to unset it; the
+    message it ends has already said which values the variable takes. The control variables' errors
+    (:meth:`Var.refused`) and the settings' environment layer (``Setting.parse``) both use it.
+    """
+    what = "empty" if not text else f"blank ({text!r})"
+    return (
+        f"{name} is set but {what}, which is not the same as unset: remove it from the environment "
+        f"('unset {name}', or delete its line from the env file) for {unset_gives}, or give it one of the values above"
+    )
 
 
 # --- parsers: each raises ValueError for a value it refuses ----------------------------------------

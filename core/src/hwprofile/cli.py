@@ -15,17 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from . import _env
+from ._text import table
 from .errors import DeviceError, HwprofileError, ToolchainError
 from .optable import OPS
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def _fmt(v: Any) -> str:
@@ -54,10 +46,27 @@ def _profile(args: argparse.Namespace) -> Any:
     return profile(args.device)
 
 
+#: Version of ``hwprofile show --json``'s layout (its ``format`` key); keys are only ever added under one number.
+SHOW_FORMAT = 1
+#: What a profile's fingerprint is, for the reader of ``show`` (and its test).
+FINGERPRINT_NOTE = "hash of plugin, target, settings, env defaults and kernel sources: equal fingerprints dispatch alike"
+
+
+def show_document(prof: Any) -> dict[str, Any]:
+    """``hwprofile show --json``: the format and core version, then :meth:`Profile.as_dict`.
+
+    ``stats`` are the dispatch counters of the process that prints them: ``{}`` from the ``hwprofile``
+    program (no op ran there), real counts when an engine calls ``main(["show", "--json"])`` itself.
+    """
+    from . import __version__
+
+    return {"format": SHOW_FORMAT, "hwprofile": __version__, **prof.as_dict()}
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     prof = _profile(args)
     if args.json:
-        print(json.dumps(prof.as_dict(), indent=2, default=str))
+        print(json.dumps(show_document(prof), indent=2, default=str))
         return 0
     from .device import with_details
 
@@ -73,7 +82,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("  " + ", ".join(facts))
     print(f"plugin: {p.label if p else 'none'}  target: {prof.target or '-'}")
     print(f"  why: {prof.selection.reason}")
-    print(f"fingerprint: {prof.fingerprint}\n")
+    print(f"fingerprint: {prof.fingerprint}  ({FINGERPRINT_NOTE})\n")
     def note(s: Any) -> str:
         # short: `hwprofile explain KEY` has the detail
         notes = [] if s.setting.bit_identical else ["not bit-identical"]
@@ -82,32 +91,33 @@ def cmd_show(args: argparse.Namespace) -> int:
         return "; ".join(notes)
 
     rows = [[k, _fmt(s.value), s.winner.source, note(s)] for k, s in prof.settings.items()]
-    print(_table(rows, ["setting", "value", "source", "note"]))
+    print(table(rows, ["setting", "value", "source", "note"]))
     if prof.env_defaults:
         print()
         rows = [
             [n, d.value, "user set: " + repr(os.environ[n]) if n in os.environ else "default", d.source]
             for n, d in prof.env_defaults.items()
         ]
-        print(_table(rows, ["env default", "value", "state", "from"]))
+        print(table(rows, ["env default", "value", "state", "from"]))
     if prof.kernels:
         print()
         rows = [[op, s.plugin, s.source, str(len(s.instances))] for op, s in prof.kernels.items()]
-        print(_table(rows, ["kernel", "plugin", "source", "instances"]))
+        print(table(rows, ["kernel", "plugin", "source", "instances"]))
     if prof.stats.counts:  # only when an engine calls main(["show"]) in its own process
         print()
         rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in prof.stats.as_dict().items()]
-        print(_table(rows, ["op", "kernel calls", "fallback calls"]))
+        print(table(rows, ["op", "kernel calls", "fallback calls"]))
     return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from ._entrypoints import natural_key
     from .profiles import detect, registry
 
     reg = registry()
     det = detect()
     out = []
-    for p in sorted(reg.plugins.values(), key=lambda p: p.name):
+    for p in sorted(reg.plugins.values(), key=lambda p: natural_key(p.name)):
         sel = []
         for d in det.devices:
             try:
@@ -126,7 +136,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         ms = f"{o['import_ms']:.1f}" if o["import_ms"] is not None else "-"
         rows.append([o["name"], f"{o['distribution']} {o['version']}", claims, ",".join(map(str, o["selected_for_devices"])) or "-", ms])
     if rows:
-        print(_table(rows, ["plugin", "distribution", "claims", "selected for device", "import ms"]))
+        print(table(rows, ["plugin", "distribution", "claims", "selected for device", "import ms"]))
     else:
         print("no hwprofile plugins installed")
     if reg.disabled:
@@ -177,7 +187,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print()
     rows = [[k, e.name, f"{e.compute_capability[0]}.{e.compute_capability[1]}", f"{e.memory_bytes / 2**30:.0f} GiB", str(e.sm_count), src]
             for k, e, src in sims]
-    print(_table(rows, ["simulate with", "device", "capability", "memory", "SMs", "from"]))
+    print(table(rows, ["simulate with", "device", "capability", "memory", "SMs", "from"]))
     print("\nalso any capability as sm_XY or X.Y (e.g. --simulate sm_110); a comma list simulates several GPUs")
     if extra_error:
         print(f"plugin catalog entries unavailable: {extra_error}", file=sys.stderr)
@@ -187,11 +197,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def version_text() -> str:
     """``hwprofile --version``: core, then every plugin, from package metadata (no plugin is imported)."""
     from . import __version__
-    from ._entrypoints import find_entry_points
+    from ._entrypoints import find_entry_points, natural_key
     from .registry import ENTRY_POINT_GROUP
 
     lines = [f"hwprofile {__version__} (Python {sys.version.split()[0]})"]
-    for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: natural_key(e.name)):
         lines.append(f"  plugin {ep.name}: {ep.distribution or '?'} {ep.version or '?'}")
     return "\n".join(lines)
 
@@ -217,7 +227,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                               for k, s in prof.settings.items()}, indent=2, default=str))
             return 0
         rows = [[k, _fmt(s.value), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
-        print(_table(rows, ["setting", "value", "override with", "what it does"]))
+        print(table(rows, ["setting", "value", "override with", "what it does"]))
         if not args.list:
             print("\nhwprofile explain KEY shows where a value comes from")
         return 0
@@ -308,8 +318,67 @@ def _check_compile_environment(reg: Any) -> None:
     resolver.add_user_env(os.environ)  # a bad value of any setting's variable (HWPROFILE_ROUTER_GEMM_MAX_TOKENS=x) is an error
 
 
+#: ``hwprofile compile``'s table, explained under it (the columns a reader cannot guess).
+COMPILE_LEGEND = (
+    "instances: compiled = NVRTC ran now; cached = read from the kernel cache; N shared with OP = the same\n"
+    "  instances as OP's (one cache entry, compiled once). per inst. = time / (compiled + cached); cubins = size\n"
+    "  of the kernel's cubins; max regs = registers per thread; spill B = bytes spilled to local memory (0 expected)"
+)
+
+
+def _share_instances(work: list[tuple[Any, str]], kernels: Any) -> tuple[list[tuple[Any, str]], list[dict[str, int]]]:
+    """Give each cache entry to one (spec, target): ops may share instances (same source, options and
+    name expression: one key). The first spec compiles it; the others list it as shared (instance ->
+    index of the owner in ``work``), so a first compile never calls a freshly built entry "cached"."""
+    owners: dict[str, int] = {}
+    deduped: list[tuple[Any, str]] = []
+    shared: list[dict[str, int]] = []
+    for i, (spec, target) in enumerate(work):
+        own: list[str] = []
+        theirs: dict[str, int] = {}
+        for expr in spec.instances:
+            try:
+                key = kernels.cache_key(spec, target, (expr,))
+            except Exception:  # noqa: BLE001 - compiling it reports the fault, in its row
+                own.append(expr)
+                continue
+            if key in owners:
+                theirs[expr] = owners[key]
+            else:
+                owners[key] = i
+                own.append(expr)
+        deduped.append((spec.replace(instances=tuple(own)), target))
+        shared.append(theirs)
+    return deduped, shared
+
+
+def _add_shared(r: Any, spec: Any, theirs: dict[str, int], reports: list[Any], kernels: Any) -> None:
+    """Count ``theirs`` (instance -> index of the report that compiled it) into ``r``: the memoised
+    entry gives its cubin and registers; an owner's failure is this instance's too."""
+    for expr, i in theirs.items():
+        owner, op = reports[i], reports[i].spec.op
+        failed = [e for e in owner.errors if e.startswith(f"{expr}: ")]
+        if failed:
+            r.errors.append(f"{expr}: shared with {op}, which failed to build it (above)")
+            continue
+        try:
+            c = kernels.compile_spec(spec, r.target, (expr,))  # built this run: the in-process memo answers
+        except Exception as exc:  # noqa: BLE001 - reported in the row
+            r.errors.append(f"{expr}: {exc}")
+            continue
+        r.cubin_bytes += len(c.cubin)
+        if c.registers is not None:
+            r.registers = max(r.registers or 0, c.registers)
+        r.spill_bytes = max(r.spill_bytes, c.spill_bytes or 0)
+
+
+def _owners(theirs: dict[str, int], work: list[tuple[Any, str]]) -> list[str]:
+    return list(dict.fromkeys(work[i][0].op for i in sorted(set(theirs.values()))))
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import kernels
+    from ._entrypoints import natural_key
     from .device import DeviceInfo
     from .profiles import registry
 
@@ -318,7 +387,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if wanted is not None and not wanted:
         raise HwprofileError(f"--arch {args.arch!r} names no target; give targets like sm_90a,sm_100a, or 'all'")
     work = []
-    for p in reg.arch_plugins:
+    for p in sorted(reg.arch_plugins, key=lambda p: natural_key(p.name)):
         assert p.arch is not None
         for cc, target in p.arch.targets.items():
             if wanted is not None and target not in wanted:
@@ -331,7 +400,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
         missing = wanted - known
         if missing:
-            raise HwprofileError(f"no installed plugin targets {', '.join(sorted(missing))}; installed targets: {', '.join(sorted(known))}")
+            raise HwprofileError(
+                f"no installed plugin targets {', '.join(sorted(missing, key=natural_key))}; "
+                f"installed targets: {', '.join(sorted(known, key=natural_key))}"
+            )
     if not work:
         print("nothing to compile: no architecture plugin is installed")
         return 0
@@ -341,31 +413,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
     except ToolchainError as exc:
         raise HwprofileError(f"cannot compile: {exc}") from None
     t0 = time.perf_counter()
-    reports = kernels.compile_all(work, args.jobs, _progress(not args.json, 60))
+    deduped, shared = _share_instances(work, kernels)
+    reports = kernels.compile_all(deduped, args.jobs, _progress(not args.json, 60))
+    for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
+        _add_shared(r, spec, theirs, reports, kernels)
     failed = [r for r in reports if r.errors]
     if args.json:
         out = [
-            {"op": r.spec.op, "plugin": r.spec.plugin, "target": r.target, "instances": len(r.spec.instances), "compiled": r.compiled,
-             "cached": r.cached, "seconds": round(r.seconds, 3), "cubin_bytes": r.cubin_bytes, "registers": r.registers,
-             "spill_bytes": r.spill_bytes, "errors": r.errors}
-            for r in reports
+            {"op": spec.op, "plugin": spec.plugin, "target": r.target, "instances": len(spec.instances), "compiled": r.compiled,
+             "cached": r.cached, "shared": len(theirs), "shared_with": _owners(theirs, work), "seconds": round(r.seconds, 3),
+             "cubin_bytes": r.cubin_bytes, "registers": r.registers, "spill_bytes": r.spill_bytes, "errors": r.errors}
+            for r, (spec, _target), theirs in zip(reports, work, shared, strict=True)
         ]
         print(json.dumps(out, indent=2))
     else:
         rows = []
-        for r in reports:
+        for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
             if r.errors:
                 state = "FAILED"
-            elif r.compiled == 0:
-                state = "cached"
             else:
-                state = f"compiled {r.compiled}" + (f", cached {r.cached}" if r.cached else "")
-            n = max(1, r.compiled + r.cached)
+                parts = [f"compiled {r.compiled}"] if r.compiled else []
+                parts += [f"cached {r.cached}"] if r.cached else []
+                parts += [f"{len(theirs)} shared with {', '.join(_owners(theirs, work))}"] if theirs else []
+                state = ", ".join(parts) or "none"
+            n = r.compiled + r.cached
             rows.append([
-                r.spec.op, r.spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s",
+                spec.op, spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s" if n else "-",
                 f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes),
             ])
-        print(_table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
+        print(table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
+        print(COMPILE_LEGEND)
         print(f"{len(reports) - len(failed)}/{len(reports)} kernels ready in {time.perf_counter() - t0:.1f}s wall (jobs={args.jobs})")
         for r in failed:
             print(f"\n{r.spec.op} for {r.target}:\n" + "\n".join(r.errors), file=sys.stderr)
@@ -454,7 +531,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         ]
         for r in doc["measurements"]
     ]
-    print(_table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
+    print(table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
     print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
@@ -529,12 +606,18 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--export", action="store_true", help="print 'export NAME=value' lines for eval")
     s.set_defaults(fn=cmd_env)
     sub.add_parser(
-        "doctor", parents=[js], help="versions, environment and checks of NVML, driver, cuda-python, NVRTC and headers",
+        "doctor", parents=[js],
+        help="bug-report data: versions, environment, env defaults, paths, devices with plugin and fingerprint, checks",
     ).set_defaults(fn=cmd_doctor)
-    s = sub.add_parser("compile", parents=[js], help="compile every plugin kernel for its targets (no GPU needed)")
+    s = sub.add_parser(
+        "compile", parents=[js], help="compile every plugin kernel for its targets (no GPU needed)",
+        description="Compile every kernel instance of the installed architecture plugins into the kernel cache, for every "
+        "target they serve unless --arch names some. Needs NVRTC and the CUDA headers, no GPU.",
+    )
     s.add_argument(
         "--arch", default="all",
-        help="comma list of targets (e.g. sm_90a,sm_100a,sm_103a,sm_120a,sm_121a; 'hwprofile plugins' lists them) or 'all'",
+        help="comma list of targets (e.g. sm_90a,sm_100a,sm_103a,sm_120a,sm_121a; 'hwprofile plugins' lists them) "
+        "or 'all' (default: all, every target of every installed architecture plugin)",
     )
     s.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel NVRTC compiles (default: CPU count)")
     s.set_defaults(fn=cmd_compile)
@@ -566,9 +649,12 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     2 for a hwprofile error (bad name, plugin, setting, kernel), 1 for the system refusing (full disk,
     unwritable path), 3 for anything unexpected (a bug: ``HWPROFILE_TRACEBACK=1`` shows where).
 
-    An engine may call it in its own process: ``--simulate`` then holds for this call only (the
-    caller's ``HWPROFILE_DEVICE`` and profiles are restored after it), and only the ``hwprofile``
-    program itself (``program=True``, :func:`console`) points a failed stdout at /dev/null.
+    An engine may call it in its own process: ``show`` then reports the process's own profile, its
+    dispatch counters (``stats``) included. ``--simulate`` holds for this call only: the caller's
+    ``HWPROFILE_DEVICE`` is restored after it and its profiles are resolved afresh on the next
+    ``profile()`` (counters start over), unless ``--simulate`` names what ``HWPROFILE_DEVICE`` already
+    says, which changes nothing. Only the ``hwprofile`` program itself (``program=True``,
+    :func:`console`) points a failed stdout at /dev/null.
     """
     simulate = None
     simulate_var = _env.DEVICE.name
@@ -576,6 +662,8 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     try:
         args = build_parser().parse_args(argv)  # --version prints here: a closed pipe is handled below too
         simulate = getattr(args, "simulate", None)
+        if simulate == before:
+            simulate = None  # the process's own device already: keep its profiles and their counters
         if simulate:
             os.environ[simulate_var] = simulate
             from .profiles import reset

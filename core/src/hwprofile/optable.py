@@ -269,6 +269,19 @@ def get(name: str) -> OpDef:
     return op
 
 
+def owner(key: str) -> OpDef | None:
+    """The op whose settings declare ``key`` (``router_gemm.max_tokens`` -> ``ROUTER_GEMM``), or ``None``.
+
+    A measured value of ``key`` applies only when its stamp names this op (``tuning.untied``): a
+    sweep of another op measured another kernel against another fallback. Read from the table at call
+    time (an op added since import counts).
+    """
+    for op in OPS.values():
+        if any(s[0] == key for s in op.settings):
+            return op
+    return None
+
+
 def setting_declarations() -> tuple[SettingDecl, ...]:
     """Every op's settings, in table order (``settings.CORE_SETTINGS`` declares them)."""
     return tuple(s for op in OPS.values() for s in op.settings)

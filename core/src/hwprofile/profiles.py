@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, KeysView, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -112,6 +112,21 @@ class Profile(Record):
     def __getitem__(self, key: str) -> Any:
         """The value of setting ``key`` (untyped: typed code uses :meth:`get`); unknown keys raise SettingError."""
         return self.explain(key).value
+
+    def __contains__(self, key: object) -> bool:
+        """``"myengine.flag" in prof``: whether ``key`` is a declared setting of this profile (any other object: False).
+
+        What a downstream reader asks before reading a setting that an optional plugin declares.
+        """
+        return isinstance(key, str) and key in self.settings
+
+    def __iter__(self) -> Iterator[str]:
+        """The setting keys, sorted (as :attr:`settings` holds them): ``for key in prof: prof[key]``."""
+        return iter(self.settings)
+
+    def keys(self) -> KeysView[str]:
+        """The setting keys, sorted; with ``prof[key]`` this makes ``dict(prof)`` the settings' values by key."""
+        return self.settings.keys()
 
     def get(self, key: str, kind: type[_T]) -> _T:
         """The value of setting ``key``, checked to be a ``kind`` (``bool``, ``int``, ``float`` or ``str``).
@@ -224,9 +239,21 @@ if hasattr(os, "register_at_fork"):
 
 def _refuse_reentry(what: str) -> None:
     """A plugin calling back into hwprofile while it is being imported or run would get a second,
-    different profile or recurse forever: say which plugin did it instead."""
-    reg = sys.modules.get("hwprofile.registry")
-    doing = reg.current_activity() if reg is not None else None
+    different profile or recurse forever: say which plugin did it instead.
+
+    Runs before the lock is taken, so the registry module may be one that another thread is still
+    importing (its first profile(), or ``import hwprofile.plugin``): it is asked only once imported
+    in full. No module in the registry yet means no plugin was ever loaded, so none is running here;
+    one in ``sys.modules`` is imported through the import system, which waits for the thread
+    importing it to finish (reading ``sys.modules`` directly gave a half-initialised module without
+    ``current_activity``: tests/profiles/test_threads.py). This thread cannot be the one importing
+    it: importing the registry runs no plugin and no profile().
+    """
+    if "hwprofile.registry" not in sys.modules:
+        return
+    from . import registry as reg
+
+    doing = reg.current_activity()
     if doing is not None:
         raise PluginError(
             f"hwprofile.{what} was called while {doing}; a plugin must not resolve profiles from its import "
@@ -298,7 +325,18 @@ def _current_device_index() -> int:
 
 
 def device_index(device: Any) -> int:
-    """The CUDA index named by ``device``: an int, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` (read, not imported)."""
+    """The CUDA index named by ``device``: an int, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` (read, not imported).
+
+    A ``bool`` is refused: it is an ``int`` to Python, but ``profile(True)`` meaning device 1 is a
+    bug of the caller's (a flag passed where the device goes), never a device choice.
+    """
+    if isinstance(device, bool):
+        from .errors import DeviceError
+
+        raise DeviceError(
+            f"device {device!r} is a bool, not a device: pass an index (0, 1, ...), 'cuda', 'cuda:N' or torch.device('cuda', N), "
+            "or nothing for the current device"
+        )
     if isinstance(device, int):
         return device
     kind: str | None
@@ -354,7 +392,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     resolver.declare(CORE_SETTINGS, by="hwprofile core")
     for p, decl in reg.call_layers("hwprofile_declare_settings", reg.participants(selection.plugin, "hwprofile_declare_settings")):
         if decl is not None:
-            resolver.declare(decl, by=p.label, namespace=p.name)
+            resolver.declare(decl, by=p.label, namespace=p.name, source=p.source)  # one plugin, one name in provenance
     check_environment(environ, (s.env_var for s in resolver.declared.values()))
     from . import tuning
 
@@ -362,7 +400,12 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
     participants = reg.participants(selection.plugin, "hwprofile_settings")
     for p in participants:
         values = reg._call_plugin("hwprofile_settings", p, device=info, resolved=MappingProxyType(resolver.current()))
-        resolver.add("arch" if p.arch else "downstream", p.source, values, who=f"plugin {p.label}", check=staleness.shipped)
+        who = f"plugin {p.label}"
+
+        def shipped(key: str, stamp: Any, who: str = who) -> str:
+            return staleness.shipped(key, stamp, who=who)
+
+        resolver.add("arch" if p.arch else "downstream", p.source, values, who=who, check=shipped)
     tuning.add_tuned_layers(resolver, info, staleness, environ)
     resolver.add_user_env(environ)
     settings = resolver.resolved()

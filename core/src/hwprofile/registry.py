@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import _env, hookspecs
-from ._entrypoints import find_entry_points
+from ._entrypoints import find_entry_points, natural_key
 from ._log import get_logger
 from ._record import Record, _set, final
 from .device import DeviceInfo
@@ -221,7 +221,7 @@ class Registry:
             log.warning(
                 "%s names %s, which no installed plugin is called; %sinstalled plugins: %s",
                 disable, ", ".join(unknown), f"did you mean {', '.join(guesses)}? " if guesses else "",
-                ", ".join(sorted(seen)) or "none",
+                ", ".join(sorted(seen, key=natural_key)) or "none",
             )
         return self
 
@@ -336,7 +336,7 @@ class Registry:
         if pin is not None:
             info = self.plugins.get(pin)
             if info is None or info.arch is None:
-                archs = ", ".join(p.name for p in self.arch_plugins) or "none installed"
+                archs = ", ".join(sorted((p.name for p in self.arch_plugins), key=natural_key)) or "none installed"
                 state = "disabled" if pin in self.disabled else "not an installed architecture plugin"
                 raise PluginError(f"{pin_var}={pin!r} is {state}; architecture plugins: {archs}")
             target = info.arch.target_for(cc)

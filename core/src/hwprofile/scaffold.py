@@ -17,6 +17,9 @@ from .errors import HwprofileError
 _NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _MAX_NAME = 64  # becomes a directory, a distribution and a module name: keep it well inside every filesystem's limit
 _TARGET = re.compile(r"^sm_\d{2,3}[af]?\Z")
+#: The plugins this project ships (``plugins/<name>``, distribution ``hwprofile-<name>``): a scaffold
+#: must never take one of their names, installed here or not, or installing it would replace ours.
+SHIPPED_PLUGINS = ("sm90", "sm100", "sm120")
 
 PYPROJECT = '''[build-system]
 requires = ["setuptools>=77"]
@@ -180,6 +183,13 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
     target = target or f"sm_{major}{minor}"
     if not _TARGET.match(target):
         raise HwprofileError(f"--target {target!r} is invalid: write sm_XY or sm_XYa, e.g. sm_89 or sm_90a")
+    own = f"sm_{major}{minor}"
+    if target.rstrip("af") != own:
+        raise HwprofileError(
+            f"--target {target} does not match --capability {major}.{minor}: a plugin serving {major}.{minor} builds its kernels "
+            f"for {own}, {own}a or {own}f (the generated kernel checks __CUDA_ARCH__ == {major * 100 + minor * 10}). "
+            f"Leave --target out for {own}, or give the --capability that {target} is for"
+        )
     arch_num = major * 100 + minor * 10
     from . import __version__, catalog
 
@@ -220,9 +230,55 @@ def hint(directory: Path, target: str) -> str:
     return f"next: pip install {d} && python -m pytest {d}/tests && hwprofile compile --arch {target}"
 
 
+def name_taken(name: str) -> str | None:
+    """Why plugin name ``name`` belongs to a plugin already (in words), or ``None`` when it is free.
+
+    Taken: one of :data:`SHIPPED_PLUGINS`; an installed distribution ``hwprofile-<name>`` (pip would
+    replace it with the scaffold); a plugin of that name in the ``hwprofile.plugins`` entry-point
+    group (two distributions registering one name is an error at every start-up); an importable
+    module ``hwprofile_<name>`` (the scaffold's package would shadow it, or be shadowed).
+    """
+    import importlib.metadata
+    import importlib.util
+
+    from ._entrypoints import find_entry_points
+    from .registry import ENTRY_POINT_GROUP
+
+    dist = f"hwprofile-{name}"
+    try:
+        found = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    if found is not None:
+        return f"{found.metadata['Name']} {found.version} is installed here"
+    if name in SHIPPED_PLUGINS:
+        return f"{dist} is a plugin hwprofile ships (plugins/{name} of the hwprofile project)"
+    ep = next((e for e in find_entry_points(ENTRY_POINT_GROUP) if e.name == name), None)
+    if ep is not None:
+        return f"the installed {ep.distribution} {ep.version} registers a plugin named {name!r}"
+    try:
+        spec = importlib.util.find_spec(f"hwprofile_{name}")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        return f"a module hwprofile_{name} is importable here ({spec.origin or 'a namespace package'})"
+    return None
+
+
 def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
-    """Write the scaffold into ``directory`` (which must not exist or be empty)."""
+    """Write the scaffold into ``directory`` (which must not exist or be empty).
+
+    A ``name`` that :func:`name_taken` says is taken is refused before anything is written: the
+    scaffold would replace (or clash with) that plugin once installed.
+    """
     content = files(name, capability, target)
+    taken = name_taken(name)
+    if taken is not None:
+        raise HwprofileError(
+            f"plugin name {name!r} is taken: {taken}. A scaffold named {name} would be distribution hwprofile-{name} and "
+            f"module hwprofile_{name}, and installing it would replace or clash with that plugin. "
+            f"Choose a name of your own (e.g. my{name}); to change that plugin itself, edit its source instead"
+        )
     try:
         if directory.exists() and not directory.is_dir():
             raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")

@@ -24,6 +24,16 @@ a stale tuned file is ignored (the shipped value applies) with one warning per f
 setting (``HWPROFILE_STRICT=1``, or any layer that sets it) turns both into an error: both are
 reported by :meth:`Staleness.report` once the profile's settings are resolved, so strict is read
 once, as the setting it is, never from the environment here. ``hwprofile explain KEY`` shows the details.
+
+A stamp stands for one op's sweep, so a measured value applies only when its stamp names the op
+that owns its key (:func:`untied`; the owner is the op whose settings declare the key,
+:func:`hwprofile.optable.owner`). A tuned file whose stamp names an op this hwprofile does not know,
+or that sets a key of another op or of no op, is an error naming the file, the key and the op
+(:func:`read_tuned`), like any other malformed tuned file; a plugin value so stamped is an error
+naming the plugin (:meth:`Staleness.shipped`). A key no op owns (``strict``, a plugin's own setting)
+is never in a tuned file (a sweep writes only its op's settings), but a plugin may stamp its own
+setting with the sweep of the (known) op its value was derived from: it is then stale when that
+op's measurement is.
 """
 
 from __future__ import annotations
@@ -298,6 +308,45 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
     return Comparison(tuple(stale), tuple(notes), tuple(unknown))
 
 
+def untied(key: str, op: str, *, tuned: bool) -> str:
+    """Why a value of setting ``key`` stamped for op ``op`` cannot be tied to that measurement; ``""`` when it can.
+
+    A stamp records one op's sweep (that op's kernel, fallback and grid), so it vouches for values
+    of that op's own settings (:func:`hwprofile.optable.owner`) and of no other op's. A key no op
+    owns is never in a tuned file (``tuned``: a sweep writes only its op's settings); a plugin may
+    stamp such a setting of its own with the sweep its value was derived from. An op this hwprofile
+    does not know vouches for nothing: its sweep cannot be compared with anything that runs here.
+    """
+    from .optable import owner
+
+    if op not in OPS:
+        from . import __version__
+
+        return f"the stamp names op {op!r}, which hwprofile {__version__} does not know (ops: {', '.join(OPS)})"
+    own = owner(key)
+    if own is not None and own.name != op:
+        return f"{key} belongs to op {own.name}, but the stamp names op {op!r} (another kernel, measured against another fallback)"
+    if own is None and tuned:
+        return f"{key} belongs to no op, and a sweep of {op} decides only {op}'s settings"
+    return ""
+
+
+def _retune(key: str, op: str) -> str:
+    """What to do about a tuned file's value of ``key`` that :func:`untied` refused."""
+    from .optable import owner
+
+    own = owner(key)
+    if op not in OPS:
+        how = f"'hwprofile sweep {own.name}'" if own is not None else f"'hwprofile sweep OP' (OP one of {', '.join(OPS)})"
+        return f"Regenerate the file with {how}, or remove it"
+    if own is not None:
+        return f"Remove {key} from the file, or tune it with 'hwprofile sweep {own.name}' (which writes a file of its own)"
+    return (
+        f"Remove {key} from the file: a tuned file holds only settings of its stamp's op; set any other setting with its "
+        f"variable ({_env.PREFIX}{key.upper().replace('.', '_')} for {key}; 'hwprofile show' lists the settings)"
+    )
+
+
 _warned: set[str] = set()
 _warned_shipped = [False]
 
@@ -341,10 +390,27 @@ class Staleness:
             return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
         return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan)), real_gpu=not self.info.simulated)
 
-    def shipped(self, key: str, stamp: Any) -> str:
-        """A plugin's measured threshold: a stale one is recorded (reported by :meth:`report`) and still used."""
+    def shipped(self, key: str, stamp: Any, *, who: str = "a plugin") -> str:
+        """A plugin's measured threshold: a stale one is recorded (reported by :meth:`report`) and still used.
+
+        One whose stamp cannot be tied to ``key`` (:func:`untied`: another op's stamp, or an op this
+        hwprofile does not know) is a :class:`SettingError` naming ``who`` (the plugin), the key and
+        the stamp's op: the plugin's code is wrong, on every device and in every environment.
+        """
         if not isinstance(stamp, Stamp):
             return ""
+        why = untied(key, stamp.op, tuned=False)
+        if why:
+            from .optable import owner
+
+            own = owner(key)
+            fix = (
+                f"stamp it with the stamp of op {own.name}'s sweep "
+                f"(hwprofile.plugin.shipped_stamp(__name__, 'measured/{own.name}.toml', op={own.name!r}))"
+                if own is not None
+                else f"stamp it with the sweep of a known op ({', '.join(OPS)}) or with none"
+            )
+            raise SettingError(f"{who} gives {key} a value its stamp cannot vouch for: {why}. Fix the plugin: {fix}")
         c = self.compare(stamp)
         if c.stale:
             self.stale_shipped.append((key, stamp, c.stale))
@@ -443,6 +509,10 @@ def tuned_files(info: DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
 def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
     """The stamp and thresholds of one tuned file; errors name the file and the fix.
 
+    Every threshold must be one its stamp's measurement decides (:func:`untied`): a stamp naming
+    an op this hwprofile does not know, or a key of another op or of no op, is an error naming the
+    file, the key and the op.
+
     Files from older sweeps carry their raw ``[[measurements]]`` inline, after the tables resolving
     needs; only the text before them is parsed (falling back to the whole file if that part is not
     a complete document).
@@ -484,7 +554,13 @@ def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
         raise SettingError(
             f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'"
         )
-    return Stamp.from_dict(doc["stamp"], where=where), thresholds
+    stamp = Stamp.from_dict(doc["stamp"], where=where)
+    for key in thresholds:
+        why = untied(str(key), stamp.op, tuned=True)
+        if why:
+            fix = _retune(str(key), stamp.op)
+            raise SettingError(f"{where}: [thresholds] sets {key}, which its [stamp] cannot vouch for: {why}. {fix}")
+    return stamp, thresholds
 
 
 def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: Staleness, environ: Mapping[str, str]) -> None:

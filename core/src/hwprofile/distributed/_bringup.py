@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Final
 
+from .._text import table
 from ..errors import AgreementError, HwprofileError
 from ._collective import check_agreement
-from ._compare import _HEADER, MIXED_CHOICES, _row, _row_cells, _table
+from ._compare import _HEADER, MIXED_CHOICES, _row, _row_cells
 from ._summary import _local_rank
 
 _TORCHRUN_ENV: Final = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(json_dumps({"agree": False, "error": str(exc), "ranks": [_row(r) for r in exc.ranks]}))
                 else:
                     if exc.ranks:
-                        print(_table([_row_cells(r) for r in exc.ranks], _HEADER))
+                        print(table([_row_cells(r) for r in exc.ranks], _HEADER))
                     print(str(exc), file=sys.stderr)
             return 1
         except HwprofileError as exc:

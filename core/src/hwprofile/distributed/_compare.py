@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from .. import _env
 from .._record import Record, _set, final
+from .._text import table
 from ._summary import _SCOPES, Entry, RankSummary
 
 MIXED_CHOICES: Final = ("error", "allow")
@@ -113,7 +114,7 @@ class Agreement(Record):
 
     def table(self) -> str:
         """:meth:`describe`, then one row per rank: rank, host, local rank, device, model, plugin, target, fingerprint."""
-        return self.describe() + "\n" + _table([_row_cells(r) for r in self.ranks], _HEADER)
+        return self.describe() + "\n" + table([_row_cells(r) for r in self.ranks], _HEADER)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -274,15 +275,6 @@ def _ranks(ranks: Iterable[int]) -> str:
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}" if j > i + 1 else f"{rs[i]}, {rs[j]}")
         i = j + 1
     return ", ".join(parts)
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 _HEADER: Final[list[str]] = ["rank", "host", "local", "device", "model", "plugin", "target", "fingerprint"]
