@@ -3,6 +3,7 @@ that do what the shipped targets need, and install snippets that name the extra.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -209,6 +210,8 @@ def test_readme_engine_start_up_names_real_api() -> None:
             continue
         if root == "ops":
             assert name in ops.__all__, f"ops.{name}"
+        elif root == "hwprofile" and importlib.util.find_spec(f"hwprofile.{name}") is not None:
+            continue  # a submodule (hwprofile.cli): an attribute only once imported, whatever ran before
         else:
             assert all(hasattr(o, name) for o in roots[root]), f"{root}.{name}"
 
