@@ -54,14 +54,9 @@ hw() { "$PY" -c 'import sys; from hwprofile.cli import main; sys.exit(main(sys.a
 WRITTEN=()
 FAILED=0
 D=""
+# shellcheck source=benchmarks/_runner.sh
+. benchmarks/_runner.sh  # the working directory is the repository root (cd above)
 
-new_dir() {
-  local base d i=2
-  base="benchmarks/cpu/$(date +%F)-$1"
-  d="$base"
-  while [ -e "$d" ]; do d="$base-$i"; i=$((i + 1)); done
-  mkdir -p "$d" && echo "$d"
-}
 
 host_info() {
   {
@@ -75,20 +70,6 @@ host_info() {
   } > "$D/host.txt"
 }
 
-step() {  # step FILE CMD...: as in run_h200.sh
-  local file=$1 rc
-  shift
-  echo "\$ $* > $file" >> "$D/commands.txt"
-  local t0=$SECONDS
-  "$@" > "$D/$file" 2>&1
-  rc=$?
-  echo "# exit $rc after $((SECONDS - t0)) s" >> "$D/commands.txt"
-  if [ $rc -ne 0 ]; then
-    FAILED=$((FAILED + 1))
-    echo "  FAILED ($rc): $* (see $D/$file)"
-  fi
-  return $rc
-}
 
 suite_eager() {
   step eager_floor.log "$PY" benchmarks/cpu_eager_floor.py
@@ -120,7 +101,7 @@ suite_compile() {
 }
 
 for s in "${RUN[@]}"; do
-  D=$(new_dir "$s") || exit 1
+  D=$(new_dir cpu "$s") || exit 1
   WRITTEN+=("$D")
   echo "== $s -> $D"
   host_info

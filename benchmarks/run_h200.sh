@@ -94,14 +94,11 @@ hw() { python3 -c 'import sys; from hwprofile.cli import main; sys.exit(main(sys
 WRITTEN=()
 FAILED=0
 D=""
+# shellcheck source=benchmarks/_runner.sh
+. benchmarks/_runner.sh  # the working directory is the repository root (cd above)
 
-new_dir() {  # benchmarks/h200/<date>-<suite>, or -2, -3, ... when a run of that suite already has the day
-  local base d i=2
-  base="benchmarks/h200/$(date +%F)-$1"
-  d="$base"
-  while [ -e "$d" ]; do d="$base-$i"; i=$((i + 1)); done
-  mkdir -p "$d" && echo "$d"
-}
+
+after_step() { pack; }
 
 pack() {
   [ -n "$RETURN_DIR" ] || return 0
@@ -121,22 +118,6 @@ host_info() {
   } > "$D/host.txt"
 }
 
-# step FILE CMD...: run CMD with stdout and stderr in $D/FILE; log it, its exit status and wall time in commands.txt
-step() {
-  local file=$1 rc
-  shift
-  echo "\$ $* > $file" >> "$D/commands.txt"
-  local t0=$SECONDS
-  "$@" > "$D/$file" 2>&1
-  rc=$?
-  echo "# exit $rc after $((SECONDS - t0)) s" >> "$D/commands.txt"
-  if [ $rc -ne 0 ]; then
-    FAILED=$((FAILED + 1))
-    echo "  FAILED ($rc): $* (see $D/$file)"
-  fi
-  pack
-  return $rc
-}
 
 suite_tests() {
   python3 - > "$D/entrypoints.txt" 2>&1 <<'PY'
@@ -257,7 +238,7 @@ suite_agreement() {
 }
 
 for s in "${RUN[@]}"; do
-  D=$(new_dir "$s") || exit 1
+  D=$(new_dir h200 "$s") || exit 1
   WRITTEN+=("$D")
   echo "== $s -> $D"
   host_info
