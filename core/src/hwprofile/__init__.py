@@ -19,7 +19,7 @@ Plugin authors import from :mod:`hwprofile.plugin`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .device import DeviceInfo
-    from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError
+    from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError, WriteError
     from .hookspecs import hookimpl
     from .kernels.spec import KernelSpec, Launch
     from .profiles import Profile, detect, profile, reset
@@ -45,6 +45,7 @@ __all__ = [
     "Setting",
     "SettingError",
     "Value",
+    "WriteError",
     "__version__",
     "detect",
     "hookimpl",
@@ -69,6 +70,7 @@ _LAZY = {
     "Setting": "settings",
     "SettingError": "errors",
     "Value": "settings",
+    "WriteError": "errors",
     "detect": "profiles",
     "hookimpl": "hookspecs",
     "profile": "profiles",

@@ -41,6 +41,13 @@ class CacheError(KernelError):
     """The kernel cache cannot be used (a shared, foreign or unusable directory, a bad HWPROFILE_CACHE)."""
 
 
+class WriteError(HwprofileError, OSError):
+    """A file hwprofile writes for the user (a tuned file, sweep output, a new plugin) could not be written whole.
+
+    The previous file is left as it was; the message names the file and what to do.
+    """
+
+
 class AgreementError(HwprofileError):
     """The ranks of a torch.distributed group resolved different profiles, or not all of them took part.
 

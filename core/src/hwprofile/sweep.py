@@ -311,18 +311,19 @@ def write(doc: dict[str, Any], path: Path) -> Path | None:
     only the thresholds are needed there (:mod:`hwprofile.tuning`)."""
     import tomli_w
 
+    from ._files import atomic_write, ensure_directory
     from .tuning import SAMPLES_DIR
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_directory(path.parent, what="tuned file")
     measurements = doc.get("measurements")
     head = {k: v for k, v in doc.items() if k != "measurements"}
     samples = None
     if measurements:
         samples = path.parent / SAMPLES_DIR / path.name
-        samples.parent.mkdir(parents=True, exist_ok=True)
-        samples.write_text(tomli_w.dumps({"stamp": doc["stamp"], "measurements": measurements}))
+        ensure_directory(samples.parent, what="sweep samples")
+        atomic_write(samples, tomli_w.dumps({"stamp": doc["stamp"], "measurements": measurements}), what="sweep samples")
         head["sweep"] = {**head.get("sweep", {}), "samples": f"{SAMPLES_DIR}/{path.name}"}
-    path.write_text(tomli_w.dumps(head))
+    atomic_write(path, tomli_w.dumps(head), what="tuned file")  # readers see the old file or the new one, whole
     return samples
 
 
