@@ -105,8 +105,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(table(rows, ["kernel", "plugin", "source", "instances"]))
     if prof.stats.counts:  # only when an engine calls main(["show"]) in its own process
         print()
-        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in prof.stats.as_dict().items()]
+        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in sorted(prof.stats.counts.items())]
         print(table(rows, ["op", "kernel calls", "fallback calls"]))
+        k = prof.stats.kernel_counts()
+        hits = ", ".join(f"{n} from {layer}" for layer, n in k["hits"].items()) or "none"
+        print(f"kernels: {k['compiles']} compiled, {k['loads']} loaded, cache hits: {hits}")
     return 0
 
 
@@ -459,6 +462,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"removed {report.removed} entries from {report.path}")
         for note in report.skipped:
             print(f"  left alone: {note}")
+        if report.foreign:
+            print(f"  left alone: {report.foreign} files hwprofile did not write (only its own entries are ever removed)")
         return 0
     enabled = kcache.cache_enabled()
     opened = kcache.open_dir(create=False)
