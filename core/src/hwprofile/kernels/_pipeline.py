@@ -23,6 +23,7 @@ compile is a :class:`CompileForbiddenError` naming the kernel and how to warm it
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -68,6 +69,7 @@ __all__ = [
     "counters",
     "cuda_headers",
     "driver_cuda_version",
+    "fill_layer",
     "forbid_compile",
     "include_dirs",
     "load",
@@ -282,6 +284,31 @@ def load(
         raise KernelError(f"cannot load {what} for {target}: {type(exc).__name__}: {exc}") from exc
     with _memo_lock:
         return _loaded.setdefault(memo_key, k)
+
+
+def fill_layer(work: Iterable[tuple[KernelSpec, str]], directory: Path) -> tuple[int, int]:
+    """Store every instance of each (spec, target) in the cache layer ``directory`` (compiled or read as usual first).
+
+    What ``hwprofile compile --output`` does, so a layer holds exactly the entries the ops look up.
+    Returns (entries written, entries already there); a write that fails is a :class:`CacheError`.
+    """
+    from ..errors import CacheError
+
+    fd = kcache.open_layer_for_writing(directory)
+    written = present = 0
+    try:
+        for spec, target in work:
+            for expr in spec.instances:
+                c = compile_spec(spec, target, (expr,))
+                if kcache.read(fd, directory, c.key, target, (expr,)) is not None:
+                    present += 1
+                    continue
+                if not kcache.write(fd, directory, c, kcache.key_document(spec, options_for(spec, target), (expr,))):
+                    raise CacheError(f"cannot write the kernel cache layer {directory} (see the warning above); choose another directory")
+                written += 1
+    finally:
+        os.close(fd)
+    return written, present
 
 
 def loaded(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_types: Sequence[type]) -> LoadedKernel | None:

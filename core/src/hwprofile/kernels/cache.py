@@ -351,6 +351,16 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
     return out
 
 
+def open_layer_for_writing(path: Path) -> int:
+    """A descriptor of ``path`` as a layer to fill (``hwprofile compile --output``): created private, checked as the write layer."""
+    fd = _open_checked(Path(path), True)
+    assert fd is not None
+    if not _writable_private(Path(path), fd):
+        os.close(fd)
+        raise CacheError(f"the kernel cache layer {path} is not writable by you; choose another directory")
+    return fd
+
+
 def check_layers(environ: Mapping[str, str] | None = None) -> None:
     """Open and close every named layer once: a directory fault is one :class:`CacheError`, before any kernel."""
     if cache_enabled(environ):

@@ -83,7 +83,8 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: 
         if _capturing(t.index):
             ready = kernels.loaded(spec, target, plan, t.index, ARG_TYPES)
             if ready is None:
-                return _not_ready_in_capture(t, op, m, n, k, shape)
+                _not_ready_in_capture(t, op, m, n, k, shape)
+                return None
             kern = ready
         else:
             kern = kernels.load(spec, target, plan, t.index, ARG_TYPES, record=t.prof.stats.record)
@@ -116,7 +117,6 @@ def _not_ready_in_capture(t: _Table, op: str, m: int, n: int, k: int, shape: str
     if (op, m, n, k) not in _warned_capture:
         _warned_capture.add((op, m, n, k))
         log.warning("%s (%s) inside a CUDA-graph capture: its kernel is not loaded, the capture records the fallback; %s", op, shape, fix)
-    return None
 
 
 def launch(
