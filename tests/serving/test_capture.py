@@ -41,10 +41,15 @@ def test_warmup_loads_exactly_what_dispatch_then_launches(seam: Seam) -> None:
     assert stats["gemv"]["kernel"] == 1 and stats["kernels"]["compiles"] == 1 and stats["kernels"]["loads"] == 1
 
 
+#: per op, one shape its kernel takes and one it does not, on the simulated H200
+SHAPES = {"gemv": [KERNEL_SHAPE, (2, 4096, 4096)], "router_gemm": [(8, 256, 7168), (64, 256, 7168)]}
+SHAPES["fp8_gemv"] = [(1, 4096, 4096), (1, 4096, 100)]
+
+
 def test_warmup_routes_as_decide_does_for_every_op_and_scale_mode(seam: Seam) -> None:
     prof = hwprofile.profile(0)
-    shapes = {"gemv": [KERNEL_SHAPE, (2, 4096, 4096)], "router_gemm": [(8, 256, 7168), (64, 256, 7168)], "fp8_gemv": [(1, 4096, 4096)]}
-    report = ops.warmup(shapes=shapes, fallbacks=False)
+    report = ops.warmup(shapes=SHAPES, fallbacks=False)
+    assert {p.path for p in report.planned} == {"kernel", "fallback"}
     for p in report.planned:
         assert p.path == ops.decide(p.op, prof, m=p.shape[0], n=p.shape[1], k=p.shape[2]).path
     assert {p.mode for p in report.planned if p.op == "fp8_gemv"} == {TENSOR_SCALE, ROW_SCALE}
@@ -99,7 +104,7 @@ def test_warmup_by_served_model_covers_every_op_the_model_feeds(seam: Seam) -> N
     chosen = models.select(catalog, [name])
     for op in OPS:
         assert {p.shape for p in report.planned if p.op == op} == set(models.shapes(op, chosen))
-    assert {"router_gemm", "gemv", "fp8_gemv"} <= {p.op for p in report.planned}
+    assert {op for op in OPS if models.shapes(op, chosen)} == {p.op for p in report.planned} and len(report.planned) > 3
 
 
 @pytest.mark.parametrize(

@@ -569,21 +569,22 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(f"  left alone: {report.foreign} files hwprofile did not write (only its own entries are ever removed)")
         return 0
     enabled = kcache.cache_enabled()
-    opened = kcache.open_dir(create=False)
-    n = size = 0
-    d = kcache.cache_dir()
-    if opened is not None:
-        dfd, d = opened
-        try:
-            for name in os.listdir(dfd):
-                if name.endswith(".cubin"):
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    print(f"cache: {'enabled' if enabled else f'disabled by {_env.CACHE.name}=off'}")
+    total = total_size = 0
+    with kcache.open_layers(create=False) as layers:
+        if not layers.read:
+            print(f"layer {kcache.configured_dirs()[-1]} (write): absent, created on the first compile")
+        for layer in layers.read:
+            n = size = 0
+            for name in os.listdir(layer.fd):
+                if kcache.is_entry_name(name):
+                    st = os.stat(name, dir_fd=layer.fd, follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
                         n, size = n + 1, size + st.st_size
-        finally:
-            os.close(dfd)
-    print(f"cache: {d} ({'enabled' if enabled else f'disabled by {_env.CACHE.name}=off'})")
-    print(f"entries: {n}, {size / 1024:.0f} KiB")
+            role = "write" if layer.writable else f"read-only, {layer.origin}"
+            print(f"layer {layer.path} ({role}): {n} entries, {size / 1024:.0f} KiB")
+            total, total_size = total + n, total_size + size
+    print(f"entries: {total}, {total_size / 1024:.0f} KiB")
     return 0
 
 

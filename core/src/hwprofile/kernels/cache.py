@@ -664,6 +664,12 @@ _KEY = r"[0-9a-f]{64}\.cubin"
 _OURS = re.compile(rf"^{_KEY}(?P<kind>|\.lock|\.owner|\.\d+\.[0-9a-f]{{12}}\.tmp)\Z")
 
 
+def is_entry_name(name: str) -> bool:
+    """Whether ``name`` is an entry's name as hwprofile writes it (``<64 hex digits>.cubin``)."""
+    m = _OURS.match(name)
+    return m is not None and m.group("kind") == ""
+
+
 def _has_magic(dfd: int, name: str) -> bool:
     """Whether ``name`` is a regular file that starts with hwprofile's entry magic (read without following a link)."""
     try:
