@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -250,3 +251,35 @@ def test_no_compile_mode_is_a_clear_error_naming_the_kernel_and_warmup(seam: Sea
     monkeypatch.delenv("HWPROFILE_NO_COMPILE", raising=False)
     ops.gemv(x, torch.zeros((2048, 4096), dtype=torch.bfloat16))
     assert len(seam.compiles) == 2
+
+
+# --- hwprofile compile --warm / --models / --output ------------------------------------------------
+
+
+def test_compile_warm_fills_a_layer_with_what_warmup_then_reads(seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    layer = tmp_path / "layer"
+    assert main(["compile", "--arch", "sm_90a", "--warm", "gemv:1x4096x4096,1x8192x4096", "--output", str(layer)]) == 0
+    assert "cache layer" in capsys.readouterr().out and len(list(layer.glob("*.cubin"))) == 1  # the fallback shape needs none
+    assert len(seam.compiles) == 1
+    hwprofile.reset()
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", os.pathsep.join([str(layer), str(tmp_path / "fresh")]))
+    monkeypatch.setenv("HWPROFILE_NO_COMPILE", "1")
+    ops.reset_dispatch()
+    report = ops.warmup(shapes={"gemv": [(1, 4096, 4096), (1, 8192, 4096)]}, fallbacks=False)
+    assert report.kernels == {"compiles": 0, "loads": 1, "memo": 0, "hits": {kcache.layer_label(layer, False): 1}}
+    assert len(seam.compiles) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--warm", "gemv:1x2"], "is not MxNxK"),
+        (["--warm", "nope:1x2x3"], "write OP:MxNxK"),
+        (["--models", "no-such-model"], "unknown model"),
+    ],
+)
+def test_compile_warm_refuses_bad_input_in_one_line(seam: Seam, capsys: pytest.CaptureFixture[str], args: list[str], match: str) -> None:
+    assert main(["compile", "--arch", "sm_90a", *args]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err) and len(err.strip().splitlines()) == 1 and not seam.compiles

@@ -219,12 +219,23 @@ def configured_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
     return [cache_dir({**env, _env.CACHE_DIR.name: p}) for p in parts]
 
 
+_shipped: list[tuple[Path, str]] | None = None
+
+
 def shipped_layers() -> list[tuple[Path, str]]:
     """``(directory, origin)`` of every layer an installed package ships through :data:`LAYER_GROUP`.
 
     Found without importing the package (``sys.path`` is searched for it), so a layer costs a
-    directory listing, not an import.
+    directory listing, not an import; looked up once per process (``hwprofile.reset()`` forgets it:
+    after installing a layer package).
     """
+    global _shipped
+    if _shipped is None:
+        _shipped = _find_shipped_layers()
+    return list(_shipped)
+
+
+def _find_shipped_layers() -> list[tuple[Path, str]]:
     from .._entrypoints import find_entry_points, package_file
 
     out = []
@@ -745,6 +756,8 @@ def clear(environ: Mapping[str, str] | None = None) -> ClearReport:
 
 @_state.on_reset
 def clear_cache() -> None:
-    """Forget which warnings were given (process state, cleared by ``hwprofile.reset()``)."""
+    """Forget which warnings were given and which layers packages ship (process state, cleared by ``hwprofile.reset()``)."""
+    global _shipped
     with _warned_lock:
         _warned.clear()
+    _shipped = None
