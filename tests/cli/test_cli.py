@@ -100,13 +100,20 @@ def test_compile_unknown_arch(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cache_clear_removes_entries(capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwprofile.kernels import cache as kcache
+
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)
-    (d / "a.cubin").write_bytes(b"x")
-    (d / "a.cubin.lock").write_bytes(b"")
+    key = "a" * 64
+    (d / f"{key}.cubin").write_bytes(kcache.MAGIC + b"x")
+    (d / f"{key}.cubin.lock").write_bytes(b"")
+    mine = [d / "a.cubin", d / "a.cubin.lock", d / "build.tmp", d / "x.owner"]  # the user's own files: never ours
+    for f in mine:
+        f.write_bytes(b"user data")
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(d))
     code, out, _ = run(capsys, "cache", "clear")
-    assert code == 0 and "removed 1 entries" in out and not list(d.iterdir())
+    assert code == 0 and "removed 1 entries" in out and sorted(d.iterdir()) == sorted(mine)
+    assert "left alone: 4 files hwprofile did not write" in out
 
 
 def test_env_json_and_plain(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

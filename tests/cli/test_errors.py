@@ -62,12 +62,15 @@ def test_cache_clear_over_a_directory_entry_and_a_file_dir(
 ) -> None:
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)
-    (d / "x.cubin").mkdir()
-    (d / "y.cubin").write_bytes(b"y")
+    from hwprofile.kernels import cache as kcache
+
+    x, y = "0" * 64 + ".cubin", "1" * 64 + ".cubin"
+    (d / x).mkdir()
+    (d / y).write_bytes(kcache.MAGIC + b"y")
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(d))
     assert main(["cache", "clear"]) == 0
     out = capsys.readouterr().out
-    assert "removed 1 entries" in out and "x.cubin: not a file" in out
+    assert "removed 1 entries" in out and f"{x}: not a file" in out
     f = tmp_path / "afile"
     f.write_text("")
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(f))

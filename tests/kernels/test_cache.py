@@ -274,22 +274,23 @@ def test_stuck_lock_holder_is_named_and_then_ignored(pkg: Path, monkeypatch: pyt
 def test_clear_leaves_in_flight_writes_and_held_locks_and_odd_entries(pkg: Path) -> None:
     c = jit.compile_spec(spec(pkg), "sm_90a")
     d = entry(c.key).parent
-    young = d / f"{c.key}.cubin.{os.getpid()}.abc.tmp"
+    young = d / f"{c.key}.cubin.{os.getpid()}.abcdef012345.tmp"
     young.write_bytes(b"partial")
-    old = d / f"{c.key}.cubin.1.def.tmp"
+    old = d / f"{c.key}.cubin.1.def012345678.tmp"
     old.write_bytes(b"abandoned")
     os.utime(old, (time.time() - 2 * kcache.TMP_MAX_AGE_S,) * 2)
-    (d / "weird.cubin").mkdir()
+    weird = d / f"{'0' * 64}.cubin"
+    weird.mkdir()
     import filelock
 
-    held = filelock.FileLock(str(d / "other.cubin.lock"))
+    held = filelock.FileLock(str(d / f"{'1' * 64}.cubin.lock"))
     held.acquire()
     try:
         report = in_thread(lambda: kcache.clear(), timeout=30)
     finally:
         held.release()
     assert report.removed == 1 and not entry(c.key).exists()
-    assert young.exists() and not old.exists() and (d / "weird.cubin").is_dir()
+    assert young.exists() and not old.exists() and weird.is_dir()
     notes = "\n".join(report.skipped)
     assert "write in flight" in notes and "not a file" in notes and "held by a process" in notes
 

@@ -108,6 +108,7 @@ CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     _env.PLUGIN.name: ({"sm90": "sm90", " sm90 ": "sm90", "": None, "  ": None}, ["sm90,sm100", ","]),
     _env.DISABLE_PLUGINS.name: ({"sm90": ("sm90",), "sm90, myengine ,": ("sm90", "myengine"), "": (), " , ": ()}, []),
     _env.CACHE_DIR.name: ({"/tmp/k": "/tmp/k", "": None, " rel/dir ": " rel/dir "}, []),
+    _env.NO_COMPILE.name: ({"1": True, "off": False}, ["maybe"]),
     _env.CONFIG_DIR.name: ({"/etc/hwp": "/etc/hwp", "": None}, []),
     _env.TUNED_FILE.name: (
         {"/a.toml": ("/a.toml",), f"/a.toml{os.pathsep}{os.pathsep} {os.pathsep}/b.toml": ("/a.toml", "/b.toml"), "": ()},

@@ -195,8 +195,14 @@ DISABLE_PLUGINS: Final[Var[tuple[str, ...]]] = Var(
 CACHE: Final[Var[bool]] = Var(PREFIX + "CACHE", "the on-disk kernel cache", f"one of {SWITCH_VALUES}", switch, True)
 CACHE_DIR: Final[Var[str | None]] = Var(
     PREFIX + "CACHE_DIR",
-    "where the kernel cache lives; refused when others can write it",
-    "a private directory for the kernel cache", _path, None, unset="<user cache dir>/hwprofile/kernels",
+    f"where the kernel cache lives: a {os.pathsep!r} list, the last private writable directory written, the others read-only layers",
+    f"a private directory for the kernel cache, or a {os.pathsep!r} list of layers", _path, None,
+    unset="<user cache dir>/hwprofile/kernels",
+)
+NO_COMPILE: Final[Var[bool]] = Var(
+    PREFIX + "NO_COMPILE",
+    "forbid NVRTC compiles: a kernel in no cache layer is an error naming it and how to warm it (a serving process)",
+    f"one of {SWITCH_VALUES}", switch, False,
 )
 CONFIG_DIR: Final[Var[str | None]] = Var(
     PREFIX + "CONFIG_DIR",
@@ -226,5 +232,5 @@ TRACEBACK: Final[Var[bool]] = Var(
 
 #: Every control variable, in the order docs/architecture.md lists them: every reader iterates this.
 VARS: Final[tuple[Var[Any], ...]] = (
-    DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, TRACEBACK,
+    DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, TRACEBACK,
 )

@@ -105,8 +105,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(table(rows, ["kernel", "plugin", "source", "instances"]))
     if prof.stats.counts:  # only when an engine calls main(["show"]) in its own process
         print()
-        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in prof.stats.as_dict().items()]
+        rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in sorted(prof.stats.counts.items())]
         print(table(rows, ["op", "kernel calls", "fallback calls"]))
+        k = prof.stats.kernel_counts()
+        hits = ", ".join(f"{n} from {layer}" for layer, n in k["hits"].items()) or "none"
+        print(f"kernels: {k['compiles']} compiled, {k['loads']} loaded, cache hits: {hits}")
     return 0
 
 
@@ -376,12 +379,56 @@ def _owners(theirs: dict[str, int], work: list[tuple[Any, str]]) -> list[str]:
     return list(dict.fromkeys(work[i][0].op for i in sorted(set(theirs.values()))))
 
 
+def _warm_work(reg: Any, work: list[tuple[Any, str]], args: argparse.Namespace) -> list[tuple[Any, str]]:
+    """``--warm`` / ``--models``: each (spec, target) cut to the instances its target's profile dispatches those shapes to.
+
+    Routing is the ops' own (``hwprofile.ops._warmup.plan``: ``decide`` on the profile of a device of
+    that capability, simulated), so the cache holds exactly what ``hwprofile.ops.warmup`` would load.
+    """
+    from .device import DeviceInfo
+    from .models import load as load_models
+    from .models import select
+    from .ops import _warmup
+    from .profiles import build_profile
+
+    shapes: dict[str, list[tuple[int, int, int]]] = {}
+    try:
+        if args.warm:
+            shapes = _warmup.parse_shapes(args.warm)
+        names = [n for n in (args.models or "").split(",") if n.strip()]
+        if names:
+            select(load_models(), names)  # an unknown model is one error listing the known ones
+        wanted = _warmup.shapes_of(shapes, names)
+    except ValueError as exc:
+        raise HwprofileError(str(exc)) from None
+    out: list[tuple[Any, str]] = []
+    profiles: dict[str, Any] = {}
+    for spec, target in work:
+        prof = profiles.get(target)
+        if prof is None:
+            cc = next(cc for p in reg.arch_plugins if p.arch for cc, t in p.arch.targets.items() if t == target)
+            prof = profiles[target] = build_profile(DeviceInfo(0, f"compile-only {target}", cc, simulated=True), reg, os.environ)
+        exprs = [
+            p.launch.name_expression
+            for p in _warmup.plan(prof, {spec.op: wanted.get(spec.op, [])}, bool(prof["gemv.split_k"]))
+            if p.launch is not None and prof.kernels.get(spec.op) is not None and prof.kernels[spec.op].source == spec.source
+        ]
+        out.append((spec.replace(instances=tuple(dict.fromkeys(exprs))), target))
+    return out
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import kernels
     from ._entrypoints import natural_key
     from .device import DeviceInfo
+    from .kernels.cache import LAYER_SUBDIR, open_layer_for_writing
     from .profiles import registry
 
+    layers = [args.output] if args.output is not None else []
+    if args.package is not None:
+        layers.append(args.package / "src" / _layer_package_name(args.package_name) / LAYER_SUBDIR)
+    for layer in layers:  # before any compile: a bad --output is one line, not minutes of NVRTC later
+        os.close(open_layer_for_writing(layer))
     reg = registry()
     wanted = None if args.arch in (None, "all") else {a.strip() for a in args.arch.split(",") if a.strip()}
     if wanted is not None and not wanted:
@@ -412,12 +459,25 @@ def cmd_compile(args: argparse.Namespace) -> int:
         kernels.check_toolchain()
     except ToolchainError as exc:
         raise HwprofileError(f"cannot compile: {exc}") from None
+    from .kernels import cache as kcache
+
+    kcache.check_layers()  # once, before any kernel: a cache directory that is a file or a link is one error, not one per instance
+    if args.warm or args.models:
+        work = _warm_work(reg, work, args)
     t0 = time.perf_counter()
     deduped, shared = _share_instances(work, kernels)
     reports = kernels.compile_all(deduped, args.jobs, _progress(not args.json, 60))
     for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
         _add_shared(r, spec, theirs, reports, kernels)
     failed = [r for r in reports if r.errors]
+    notes = []
+    for layer in layers if not failed else []:
+        written, present = kernels.fill_layer([(r.spec, r.target) for r in reports], layer)
+        notes.append(f"cache layer {layer}: {written} entries written, {present} already there")
+    if args.package is not None and not failed:
+        _write_layer_package(args.package, args.package_name, [r.target for r in reports])
+        notes.append(f"layer package {args.package}: build its wheel with 'pip wheel --no-deps {args.package}'")
+    layer_note = "\n".join(notes)
     if args.json:
         out = [
             {"op": spec.op, "plugin": spec.plugin, "target": r.target, "instances": len(spec.instances), "compiled": r.compiled,
@@ -444,9 +504,55 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
         print(COMPILE_LEGEND)
         print(f"{len(reports) - len(failed)}/{len(reports)} kernels ready in {time.perf_counter() - t0:.1f}s wall (jobs={args.jobs})")
+        if layer_note:
+            print(layer_note)
         for r in failed:
             print(f"\n{r.spec.op} for {r.target}:\n" + "\n".join(r.errors), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _layer_package_name(dist: str) -> str:
+    """The import name of a layer distribution: ``hwprofile-sm90-cubins`` -> ``hwprofile_sm90_cubins``."""
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9]+", "_", dist).strip("_").lower()
+    if not name or name[0].isdigit():
+        raise HwprofileError(f"--package-name {dist!r} is not a distribution name; write e.g. hwprofile-sm90-cubins")
+    return name
+
+
+def _write_layer_package(root: Path, dist: str, targets: list[str]) -> None:
+    """The project of a wheel that ships the layer under ``src/<package>/cubins``, found through the ``hwprofile.cubins`` group."""
+    from . import __version__
+    from ._files import atomic_write, ensure_directory
+    from .kernels.cache import LAYER_GROUP, LAYER_SUBDIR
+
+    pkg = _layer_package_name(dist)
+    arch = ", ".join(sorted(set(targets)))
+    ensure_directory(root / "src" / pkg, what="layer package")
+    doc = f'"""Prebuilt hwprofile kernels ({arch}): a read-only kernel cache layer, found through the {LAYER_GROUP} entry point group."""\n'
+    atomic_write(root / "src" / pkg / "__init__.py", doc, what="layer package")
+    atomic_write(root / "pyproject.toml", f"""[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "{__version__}"
+description = "Prebuilt hwprofile kernels for {arch}: a read-only kernel cache layer"
+requires-python = ">=3.11"
+# entries are keyed by hwprofile's version, the plugins', NVRTC's build and every header: pin what built them
+dependencies = ["hwprofile=={__version__}"]
+
+[project.entry-points."{LAYER_GROUP}"]
+{pkg} = "{pkg}"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+
+[tool.setuptools.package-data]
+{pkg} = ["{LAYER_SUBDIR}/*.cubin"]
+""", what="layer package")
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -459,23 +565,26 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"removed {report.removed} entries from {report.path}")
         for note in report.skipped:
             print(f"  left alone: {note}")
+        if report.foreign:
+            print(f"  left alone: {report.foreign} files hwprofile did not write (only its own entries are ever removed)")
         return 0
     enabled = kcache.cache_enabled()
-    opened = kcache.open_dir(create=False)
-    n = size = 0
-    d = kcache.cache_dir()
-    if opened is not None:
-        dfd, d = opened
-        try:
-            for name in os.listdir(dfd):
-                if name.endswith(".cubin"):
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    print(f"cache: {'enabled' if enabled else f'disabled by {_env.CACHE.name}=off'}")
+    total = total_size = 0
+    with kcache.open_layers(create=False) as layers:
+        if not layers.read:
+            print(f"layer {kcache.configured_dirs()[-1]} (write): absent, created on the first compile")
+        for layer in layers.read:
+            n = size = 0
+            for name in os.listdir(layer.fd):
+                if kcache.is_entry_name(name):
+                    st = os.stat(name, dir_fd=layer.fd, follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
                         n, size = n + 1, size + st.st_size
-        finally:
-            os.close(dfd)
-    print(f"cache: {d} ({'enabled' if enabled else f'disabled by {_env.CACHE.name}=off'})")
-    print(f"entries: {n}, {size / 1024:.0f} KiB")
+            role = "write" if layer.writable else f"read-only, {layer.origin}"
+            print(f"layer {layer.path} ({role}): {n} entries, {size / 1024:.0f} KiB")
+            total, total_size = total + n, total_size + size
+    print(f"entries: {total}, {total_size / 1024:.0f} KiB")
     return 0
 
 
@@ -620,6 +729,18 @@ def build_parser() -> argparse.ArgumentParser:
         "or 'all' (default: all, every target of every installed architecture plugin)",
     )
     s.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel NVRTC compiles (default: CPU count)")
+    s.add_argument(
+        "--warm", metavar="SHAPES",
+        help="only the instances the ops dispatch these shapes to: OP:MxNxK[,MxNxK...], several ops separated by ';' "
+        "(e.g. 'gemv:1x4096x4096;router_gemm:8x256x7168')",
+    )
+    s.add_argument("--models", metavar="NAMES", help="only the instances the decode shapes of these served models need (comma list)")
+    s.add_argument("--output", type=Path, metavar="DIR", help="also copy every entry into the cache layer DIR (created private)")
+    s.add_argument(
+        "--package", type=Path, metavar="DIR",
+        help="write a project at DIR shipping the layer as package data (build it with 'pip wheel --no-deps DIR')",
+    )
+    s.add_argument("--package-name", default="hwprofile-cubins", help="distribution name of --package (default: hwprofile-cubins)")
     s.set_defaults(fn=cmd_compile)
     s = sub.add_parser("sweep", parents=[device], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
     s.add_argument("op", choices=list(OPS))

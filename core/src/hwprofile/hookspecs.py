@@ -35,6 +35,12 @@ Rules common to every hook:
   wrong type or shape is a :class:`~hwprofile.PluginError` or :class:`~hwprofile.SettingError`
   naming the plugin as well. Nothing a plugin returns is dropped silently.
 * **None** from a hook, or not implementing it, means "nothing to add".
+
+Not a hook: a package that ships **prebuilt kernels** (a read-only kernel cache layer, e.g. a
+``hwprofile-sm90-cubins`` wheel written by ``hwprofile compile --package``) declares an entry point in
+the group ``hwprofile.cubins`` (``name = "package"``, the layer being ``<package>/cubins``), which the
+kernel cache finds without loading any plugin or importing the package
+(:data:`hwprofile.kernels.cache.LAYER_GROUP`): a layer is data, and the cache sits below the registry.
 """
 
 from __future__ import annotations

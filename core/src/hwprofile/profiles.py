@@ -37,13 +37,38 @@ _T = TypeVar("_T", bool, int, float, str)
 
 
 class DispatchStats:
-    """Per-op counters of kernel vs fallback calls in this process (mutable, thread-tolerant)."""
+    """Per-op counters of kernel vs fallback calls in this process (mutable, thread-tolerant), and
+    what getting this profile's kernels cost: NVRTC compiles, module loads, in-process memo hits and
+    cache hits per layer (``record`` is what the ops hand the kernel pipeline)."""
+
+    #: the key of the kernel counters in :meth:`as_dict` (no op is named so: op names come from the op table)
+    KERNELS = "kernels"
 
     def __init__(self) -> None:
         self.counts: dict[str, dict[str, int]] = {}
+        self.kernels: dict[str, int] = {}
+        self.hits: dict[str, int] = {}
+        self._lock = threading.Lock()
 
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        return {op: dict(c) for op, c in sorted(self.counts.items())}
+    def record(self, event: str, layer: str = "") -> None:
+        """Count one pipeline event: ``compiles``, ``loads``, ``memo``, or ``hits`` from cache layer ``layer``."""
+        with self._lock:
+            if event == "hits":
+                self.hits[layer] = self.hits.get(layer, 0) + 1
+            else:
+                self.kernels[event] = self.kernels.get(event, 0) + 1
+
+    def kernel_counts(self) -> dict[str, Any]:
+        """``{"compiles": n, "loads": n, "memo": n, "hits": {layer: n}}``."""
+        with self._lock:
+            return {**{e: self.kernels.get(e, 0) for e in ("compiles", "loads", "memo")}, "hits": dict(sorted(self.hits.items()))}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Per-op counts by op name, plus :attr:`KERNELS` once a kernel was compiled, loaded or read for this profile."""
+        out: dict[str, Any] = {op: dict(c) for op, c in sorted(self.counts.items())}
+        if self.kernels or self.hits:
+            out[self.KERNELS] = self.kernel_counts()
+        return out
 
 
 @final

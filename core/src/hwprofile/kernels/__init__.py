@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ._pipeline import (
         MIN_NVRTC,
         CompiledKernel,
+        CompileForbiddenError,
         CompileOptions,
         CompileReport,
         KernelSpec,
@@ -45,10 +46,14 @@ if TYPE_CHECKING:
         clear_cache,
         compile_all,
         compile_spec,
+        counters,
         cuda_headers,
         driver_cuda_version,
+        fill_layer,
+        forbid_compile,
         include_dirs,
         load,
+        loaded,
         nvrtc_archs,
         nvrtc_version,
     )
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
 #: the face: every name here is ``_pipeline``'s (tests/package/test_import_graph.py::test_kernels_face_is_the_pipelines)
 __all__ = [
     "MIN_NVRTC",
+    "CompileForbiddenError",
     "CompileOptions",
     "CompileReport",
     "CompiledKernel",
@@ -71,10 +77,14 @@ __all__ = [
     "clear_cache",
     "compile_all",
     "compile_spec",
+    "counters",
     "cuda_headers",
     "driver_cuda_version",
+    "fill_layer",
+    "forbid_compile",
     "include_dirs",
     "load",
+    "loaded",
     "nvrtc_archs",
     "nvrtc_version",
 ]

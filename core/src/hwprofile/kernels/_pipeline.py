@@ -14,6 +14,11 @@ torch fallback, so no cache or toolchain fault reaches an engine.
 
 In-process memos (compiled kernels, loaded functions) are keyed by the cache key, a hash of every
 compile input, and cleared by ``hwprofile.reset()``.
+
+Serving: every NVRTC compile, module load and cache hit (per layer) is counted, process-wide
+(:func:`counters`) and, through the ``record`` callback the ops pass, in the profile's stats; and a
+process can forbid compiling (:func:`forbid_compile`, or ``HWPROFILE_NO_COMPILE=1``), after which a
+compile is a :class:`CompileForbiddenError` naming the kernel and how to warm it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import _state
+from .. import _env, _state
 from ..errors import HwprofileError, KernelError, ToolchainError
 from . import cache as kcache
 from . import toolchain
@@ -45,6 +50,7 @@ from .toolchain import (
 
 __all__ = [
     "MIN_NVRTC",
+    "CompileForbiddenError",
     "CompileOptions",
     "CompileReport",
     "CompiledKernel",
@@ -60,13 +66,76 @@ __all__ = [
     "clear_cache",
     "compile_all",
     "compile_spec",
+    "counters",
     "cuda_headers",
     "driver_cuda_version",
+    "fill_layer",
+    "forbid_compile",
     "include_dirs",
     "load",
+    "loaded",
     "nvrtc_archs",
     "nvrtc_version",
 ]
+
+class CompileForbiddenError(KernelError):
+    """A kernel had to be compiled after compiling was forbidden (:func:`forbid_compile`, ``HWPROFILE_NO_COMPILE=1``).
+
+    Never turned into a fallback: an engine that forbids compiling asserts its serving path never
+    compiles, and this is the proof that it would have.
+    """
+
+
+#: Where a kernel came from, as ``record`` callbacks and :func:`counters` name it.
+COMPILE, LOAD, MEMO, HIT = "compiles", "loads", "memo", "hits"
+
+Recorder = Callable[[str, str], None]  #: ``record(event, layer)``: event one of the names above, layer for a hit
+
+
+class _Counters:
+    """Process-wide counts of compiles, loads and hits (per layer)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+        self.hits: dict[str, int] = {}
+
+    def note(self, event: str, layer: str = "") -> None:
+        with self.lock:
+            if event == HIT:
+                self.hits[layer] = self.hits.get(layer, 0) + 1
+            else:
+                self.counts[event] = self.counts.get(event, 0) + 1
+
+
+_counters = _Counters()
+
+
+def counters() -> dict[str, object]:
+    """``{"compiles": n, "loads": n, "memo": n, "hits": {layer: n}}`` of this process since the last reset."""
+    with _counters.lock:
+        return {**{e: _counters.counts.get(e, 0) for e in (COMPILE, LOAD, MEMO)}, HIT: dict(sorted(_counters.hits.items()))}
+
+
+_forbidden: str | None = None
+
+
+def forbid_compile(forbid: bool = True) -> None:
+    """From now on, a kernel that is not in memory or any cache layer is a :class:`CompileForbiddenError`.
+
+    Call it after warm-up (``hwprofile.ops.warmup``) to prove the serving path never runs NVRTC;
+    ``forbid_compile(False)`` allows compiling again. ``HWPROFILE_NO_COMPILE=1`` forbids it from
+    the start (a process serving from a prebuilt or pre-warmed cache). Cache hits and module loads stay allowed.
+    """
+    global _forbidden
+    _forbidden = "hwprofile.kernels.forbid_compile() was called" if forbid else None
+
+
+def _why_forbidden() -> str | None:
+    if _forbidden is not None:
+        return _forbidden
+    return f"{_env.NO_COMPILE.name}=1 is set" if _env.NO_COMPILE.read() else None
+
 
 def options_for(spec: KernelSpec, target: str) -> CompileOptions:
     """The compile options of ``spec`` for ``target``: fixed include directories, then the spec's options."""
@@ -83,12 +152,14 @@ def cache_enabled() -> bool:
 
 
 def cache_dir(create: bool = True) -> Path:
-    """The checked cache directory (created private if ``create``); a :class:`CacheError` if unusable."""
-    opened = kcache.open_dir(create)
-    if opened is None:
-        return kcache.cache_dir()
-    os.close(opened[0])
-    return opened[1]
+    """The checked write layer of the cache (created private if ``create``); a :class:`CacheError` if unusable.
+
+    With no writable layer (every directory ``HWPROFILE_CACHE_DIR`` names is read-only), the last one named.
+    """
+    with kcache.open_layers(create, shipped=False) as layers:
+        if layers.write is not None:
+            return layers.write.path
+    return kcache.configured_dirs()[-1]
 
 
 _memo_compiled: dict[str, CompiledKernel] = {}
@@ -103,64 +174,96 @@ def _reinit_locks_in_child() -> None:
 
 
 
-def compile_spec(spec: KernelSpec, target: str, expressions: Sequence[str] | None = None) -> CompiledKernel:
+def compile_spec(
+    spec: KernelSpec, target: str, expressions: Sequence[str] | None = None, *, record: Recorder | None = None
+) -> CompiledKernel:
     """Compile ``spec``'s instances (or the given name expressions) for ``target``, through the cache.
 
     Raises :class:`KernelError` (or :class:`~hwprofile.errors.PluginError` for a source the plugin
     does not ship); any other fault is wrapped into a ``KernelError`` that names its cause.
+    ``record(event, layer)`` is told where the kernel came from (``compiles``, ``memo``, ``hits``).
     """
     what = f"kernel {spec.op!r} of plugin {spec.plugin or '?'} ({spec.source})"
     try:
-        return _compile(spec, target, tuple(spec.instances if expressions is None else expressions), what)
+        return _compile(spec, target, tuple(spec.instances if expressions is None else expressions), what, record)
     except HwprofileError:
         raise
     except Exception as exc:
         raise KernelError(f"cannot build {what} for {target}: {type(exc).__name__}: {exc}") from exc
 
 
-def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str) -> CompiledKernel:
+def _note(record: Recorder | None, event: str, layer: str = "") -> None:
+    _counters.note(event, layer)
+    if record is not None:
+        record(event, layer)
+
+
+def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, record: Recorder | None = None) -> CompiledKernel:
     options = options_for(spec, target)
     doc = kcache.key_document(spec, options, exprs)
     key = kcache.key_of(doc)
     hit = _memo_compiled.get(key)
     if hit is not None:
-        return CompiledKernel(hit.key, hit.target, hit.cubin, hit.lowered, hit.log, cached=True)
+        _note(record, MEMO)
+        return CompiledKernel(hit.key, hit.target, hit.cubin, hit.lowered, hit.log, cached=True, layer=hit.layer)
     t0 = time.perf_counter()
 
     def build() -> CompiledKernel:
+        why = _why_forbidden()
+        if why is not None:
+            names = ", ".join(exprs)
+            raise CompileForbiddenError(
+                f"{what}: instance {names} for {target} is in no cache layer and compiling is forbidden ({why}). Warm it before "
+                f"serving: hwprofile.ops.warmup(shapes={{{spec.op!r}: [(M, N, K), ...]}}) before forbidding, or fill a cache layer "
+                f"with 'hwprofile compile --warm {spec.op}:MxNxK' (or --models NAME, or a prebuilt layer package)"
+            )
         cubin, lowered, text = toolchain.nvrtc_compile(spec.read_source(), spec.source, options, exprs, what=what)
+        _note(record, COMPILE)
         return CompiledKernel(key, target, cubin, lowered, text, cached=False)
 
     if kcache.cache_enabled():
-        opened = kcache.open_dir(create=True)
-        assert opened is not None
-        dfd, dpath = opened
-        try:
-            entry = kcache.read(dfd, dpath, key, target, exprs)
-            if entry is None:
-                with kcache.entry_lock(dfd, dpath, key):
-                    entry = kcache.read(dfd, dpath, key, target, exprs)  # another process may have finished it meanwhile
+        with kcache.open_layers(create=True) as layers:
+            entry = _read_layers(layers, key, target, exprs)
+            if entry is None and layers.write is not None:
+                w = layers.write
+                with kcache.entry_lock(w.fd, w.path, key):
+                    entry = kcache.read(w.fd, w.path, key, target, exprs)  # another process may have finished it meanwhile
                     if entry is None:
                         entry = build()
-                        kcache.write(dfd, dpath, entry, doc)
-        finally:
-            os.close(dfd)
+                        kcache.write(w.fd, w.path, entry, doc)
+            elif entry is None:
+                entry = build()
+        if entry.cached:
+            _note(record, HIT, entry.layer)
     else:
         entry = build()
-    entry = CompiledKernel(entry.key, entry.target, entry.cubin, entry.lowered, entry.log, entry.cached, time.perf_counter() - t0)
+    entry = CompiledKernel(
+        entry.key, entry.target, entry.cubin, entry.lowered, entry.log, entry.cached, time.perf_counter() - t0, entry.layer
+    )
     with _memo_lock:
         _memo_compiled[key] = entry
     return entry
 
 
-def load(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_types: Sequence[type]) -> LoadedKernel:
+def _read_layers(layers: kcache.Layers, key: str, target: str, exprs: tuple[str, ...]) -> CompiledKernel | None:
+    for layer in layers.read:
+        entry = kcache.read(layer.fd, layer.path, key, target, exprs, read_only=not layer.writable)
+        if entry is not None:
+            return entry
+    return None
+
+
+def load(
+    spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_types: Sequence[type], *, record: Recorder | None = None
+) -> LoadedKernel:
     """The loaded function for ``launch.name_expression`` on ``device_index`` (memoised by content).
 
     Every fault (toolchain, cache, plugin data, driver) is a :class:`KernelError` naming its cause.
+    ``record(event, layer)`` is told of each compile, cache hit and module load this call made.
     """
     what = f"kernel {spec.op!r} of plugin {spec.plugin or '?'}"
     try:
-        compiled = compile_spec(spec, target, (launch.name_expression,))  # one instance: a cold miss stays short
+        compiled = compile_spec(spec, target, (launch.name_expression,), record=record)  # one instance: a cold miss stays short
         memo_key = (compiled.key, launch.name_expression, device_index, tuple(arg_types))
         k = _loaded.get(memo_key)
         if k is not None:
@@ -174,6 +277,7 @@ def load(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_t
             compiled.key, compiled.cubin, compiled.lowered[launch.name_expression], device_index, what=f"{what} for {target}"
         )
         k = LoadedKernel(fn, launch.name_expression, arg_types)
+        _note(record, LOAD)
     except KernelError:
         raise
     except Exception as exc:
@@ -182,12 +286,55 @@ def load(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_t
         return _loaded.setdefault(memo_key, k)
 
 
+def fill_layer(work: Iterable[tuple[KernelSpec, str]], directory: Path) -> tuple[int, int]:
+    """Store every instance of each (spec, target) in the cache layer ``directory`` (compiled or read as usual first).
+
+    What ``hwprofile compile --output`` does, so a layer holds exactly the entries the ops look up.
+    Returns (entries written, entries already there); a write that fails is a :class:`CacheError`.
+    """
+    from ..errors import CacheError
+
+    fd = kcache.open_layer_for_writing(directory)
+    written = present = 0
+    try:
+        for spec, target in work:
+            for expr in spec.instances:
+                c = compile_spec(spec, target, (expr,))
+                if kcache.read(fd, directory, c.key, target, (expr,)) is not None:
+                    present += 1
+                    continue
+                if not kcache.write(fd, directory, c, kcache.key_document(spec, options_for(spec, target), (expr,))):
+                    raise CacheError(f"cannot write the kernel cache layer {directory} (see the warning above); choose another directory")
+                written += 1
+    finally:
+        os.close(fd)
+    return written, present
+
+
+def loaded(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_types: Sequence[type]) -> LoadedKernel | None:
+    """The function :func:`load` would return if it is already loaded in this process, else None.
+
+    Hashes the compile inputs only: never compiles, reads the cache or calls the driver, so it is
+    safe inside a CUDA-graph capture. Faults are a :class:`KernelError`, as in :func:`load`.
+    """
+    try:
+        key = cache_key(spec, target, (launch.name_expression,))
+    except HwprofileError:
+        raise
+    except Exception as exc:
+        raise KernelError(f"cannot look up kernel {spec.op!r} of plugin {spec.plugin or '?'}: {type(exc).__name__}: {exc}") from exc
+    return _loaded.get((key, launch.name_expression, device_index, tuple(arg_types)))
+
+
 @_state.on_reset
 def clear_cache() -> None:
     """Forget compiled kernels and loaded functions (``hwprofile.reset()`` calls it; the other stages register their own)."""
     with _memo_lock:
         _memo_compiled.clear()
         _loaded.clear()
+    with _counters.lock:
+        _counters.counts.clear()
+        _counters.hits.clear()
 
 
 @dataclass

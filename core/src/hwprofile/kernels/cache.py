@@ -3,8 +3,8 @@
 Rules (each has a test in ``tests/kernels/test_cache.py``):
 
 * **Key.** SHA-256 over a JSON document of every input of the compile: source and every header it
-  reaches (also through ``-I`` / ``-include`` in the spec's options), the full flag list (fixed
-  flags, include directories, the spec's options), target, name expressions, NVRTC's version and
+  reaches (also through ``-I`` / ``-include`` in the spec's options), by content, the full flag
+  list (fixed flags, include directories as placeholders, the spec's options), target, name expressions, NVRTC's version and
   build (:func:`hwprofile.kernels.toolchain.nvrtc_build`), hwprofile's version and the supplying plugin's.
 * **Entries carry their key.** An entry is ``magic | sha256(body) | body``, the body holding the
   key, the key document, target, lowered names and the compile log, then the cubin. On read the
@@ -24,12 +24,30 @@ Rules (each has a test in ``tests/kernels/test_cache.py``):
   after :data:`LOCK_NOTICE_S` a warning names the lock file and its holder (pid, host, from
   ``<entry>.owner``), after :data:`LOCK_WAIT_S` the process compiles anyway (the atomic rename
   makes a duplicate harmless). A lock that cannot be used is a warning, never an error.
-* **Clearing is safe while others compile**: :func:`clear` removes entries and unheld locks, never
-  a temp file younger than :data:`TMP_MAX_AGE_S` (another process's write in flight).
+* **Clearing is safe while others compile, and touches only what hwprofile wrote**: :func:`clear`
+  removes, in the writable layer only, entries (hwprofile's name pattern *and* its magic), unheld
+  locks and abandoned temp files of that pattern; never a temp file younger than
+  :data:`TMP_MAX_AGE_S` (another process's write in flight), never a file of any other name (a
+  user's own ``*.cubin`` / ``*.lock`` / ``*.tmp`` / ``*.owner`` in a directory they pointed
+  ``HWPROFILE_CACHE_DIR`` at).
+* **The key is portable.** It holds content, never a machine path: the include directories enter
+  the options as placeholders (their headers' content is in the source digest), so the same
+  kernels installed at another prefix, or on another host, are hits.
+* **Layers.** ``HWPROFILE_CACHE_DIR`` is a list (``os.pathsep``): the last entry that is a private
+  directory this user can write is the *write layer* (created when it is the last and absent);
+  every other entry is a read-only layer, as are the layers installed packages ship (entry point
+  group :data:`LAYER_GROUP`, e.g. a ``hwprofile-sm90-cubins`` wheel built with ``hwprofile compile
+  --package``). Entries of a read-only layer are verified exactly as the write layer's, except
+  that their owner may be another user (a shared, root-owned layer) as long as neither the
+  directory nor the entry is writable by group or others. A hit is counted per layer
+  (:func:`layer_label`).
 
-Directory-level faults (a shared or foreign directory, ``HWPROFILE_CACHE_DIR`` naming a file or a
-symlink, a directory that cannot be created) raise :class:`~hwprofile.errors.CacheError`, a
-:class:`~hwprofile.errors.KernelError`, so ops fall back to torch with one warning.
+Directory-level faults of a directory ``HWPROFILE_CACHE_DIR`` names (a shared or foreign write
+directory, a file or a symlink, a directory that cannot be created) raise
+:class:`~hwprofile.errors.CacheError`, a :class:`~hwprofile.errors.KernelError`, so ops fall back
+to torch with one warning; ``hwprofile compile`` checks them once (:func:`check_layers`) before any
+kernel, so such a fault is one line, not one per kernel instance. A missing read-only layer, or a
+faulty one a package ships, is one warning and skipped.
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import struct
 import threading
@@ -95,8 +114,12 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(platformdirs.user_cache_dir("hwprofile")) / "kernels"
 
 
+def _foreign(st: os.stat_result) -> bool:
+    return hasattr(os, "getuid") and st.st_uid != os.getuid()
+
+
 def _refuse_if_shared(st: os.stat_result, path: Path) -> None:
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or _foreign(st):
         raise CacheError(
             f"refusing kernel cache directory {path}: it is writable by other users or owned by another user "
             f"(mode {stat.filemode(st.st_mode)}), and loading a cubin runs its code; chmod 700 {path}, "
@@ -104,12 +127,19 @@ def _refuse_if_shared(st: os.stat_result, path: Path) -> None:
         )
 
 
-def open_dir(create: bool = True, environ: Mapping[str, str] | None = None) -> tuple[int, Path] | None:
-    """A descriptor of the checked cache directory and its path (None if absent and not created).
+def _refuse_if_writable_by_others(st: os.stat_result, path: Path) -> None:
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheError(
+            f"refusing read-only kernel cache layer {path}: it is writable by group or others (mode {stat.filemode(st.st_mode)}), "
+            f"and loading a cubin runs its code; chmod go-w {path}, or drop it from {_env.CACHE_DIR.name}"
+        )
 
-    The caller closes the descriptor. Every fault names the directory and the fix.
+
+def _open_checked(path: Path, create: bool, *, read_only: bool = False) -> int | None:
+    """A descriptor of directory ``path``, opened without following a link and checked; None if absent and not created.
+
+    ``read_only``: a layer that is only read may belong to another user, never be writable by group or others.
     """
-    path = cache_dir(environ)
     fix = f"set {_env.CACHE_DIR.name} to a private directory you can write, or {_env.CACHE.name}=off"
     created = False
     if create:
@@ -143,11 +173,209 @@ def open_dir(create: bool = True, environ: Mapping[str, str] | None = None) -> t
     try:
         if created:
             os.fchmod(fd, 0o700)
-        _refuse_if_shared(os.fstat(fd), path)
+        st = os.fstat(fd)
+        if read_only:
+            _refuse_if_writable_by_others(st, path)
+        else:
+            _refuse_if_shared(st, path)
     except BaseException:
         os.close(fd)
         raise
-    return fd, path
+    return fd
+
+
+def open_dir(create: bool = True, environ: Mapping[str, str] | None = None) -> tuple[int, Path] | None:
+    """A descriptor of the checked (single) cache directory :func:`cache_dir` names, and its path (None if absent and not created).
+
+    The caller closes the descriptor. Every fault names the directory and the fix. The pipeline
+    uses :func:`open_layers`, which also reads a list of directories.
+    """
+    path = cache_dir(environ)
+    fd = _open_checked(path, create)
+    return None if fd is None else (fd, path)
+
+
+# --- layers --------------------------------------------------------------------------------------
+
+#: Entry point group through which an installed package ships a read-only layer: ``name = "package"``,
+#: the layer being the directory ``<package>/cubins`` (what ``hwprofile compile --package`` writes).
+LAYER_GROUP = "hwprofile.cubins"
+#: The directory of a shipped layer inside its package.
+LAYER_SUBDIR = "cubins"
+
+
+def configured_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The directories ``HWPROFILE_CACHE_DIR`` names, in order (``os.pathsep`` list), or the default one.
+
+    Each entry is resolved as :func:`cache_dir` resolves a single one.
+    """
+    env = os.environ if environ is None else environ
+    raw = _env.CACHE_DIR.read(env)
+    if raw is None or os.pathsep not in raw:
+        return [cache_dir(env)]
+    parts = [p for p in raw.split(os.pathsep) if p.strip()]
+    if not parts:
+        return [cache_dir({k: v for k, v in env.items() if k != _env.CACHE_DIR.name})]
+    return [cache_dir({**env, _env.CACHE_DIR.name: p}) for p in parts]
+
+
+_shipped: list[tuple[Path, str]] | None = None
+
+
+def shipped_layers() -> list[tuple[Path, str]]:
+    """``(directory, origin)`` of every layer an installed package ships through :data:`LAYER_GROUP`.
+
+    Found without importing the package (``sys.path`` is searched for it), so a layer costs a
+    directory listing, not an import; looked up once per process (``hwprofile.reset()`` forgets it:
+    after installing a layer package).
+    """
+    global _shipped
+    if _shipped is None:
+        _shipped = _find_shipped_layers()
+    return list(_shipped)
+
+
+def _find_shipped_layers() -> list[tuple[Path, str]]:
+    from .._entrypoints import find_entry_points, package_file
+
+    out = []
+    for ep in find_entry_points(LAYER_GROUP):
+        package = ep.value.partition(":")[0].strip()
+        init = package_file(package, "__init__.py")
+        origin = f"package {package} ({ep.distribution or '?'} {ep.version or '?'})"
+        if init is None:
+            _warn_once(
+                f"layer:{package}", "kernel cache layer of %s is not importable (no package %s on sys.path); it is skipped", origin, package
+            )
+            continue
+        out.append((Path(init).parent / LAYER_SUBDIR, origin))
+    return out
+
+
+@dataclass
+class Layer:
+    """One open cache directory: its descriptor (closed by :meth:`Layers.close`), path and role."""
+
+    path: Path
+    fd: int
+    writable: bool
+    origin: str
+
+    @property
+    def label(self) -> str:
+        """The name counters and ``hwprofile cache info`` give this layer."""
+        return layer_label(self.path, self.writable)
+
+
+def layer_label(path: Path, writable: bool) -> str:
+    return f"{path}" if writable else f"{path} (read-only)"
+
+
+@dataclass
+class Layers:
+    """The open layers of one lookup: the search order (:attr:`read`) and the one written (:attr:`write`, maybe none)."""
+
+    read: list[Layer] = field(default_factory=list)
+    write: Layer | None = None
+
+    def close(self) -> None:
+        for layer in self.read:
+            with contextlib.suppress(OSError):
+                os.close(layer.fd)
+        self.read.clear()
+        self.write = None
+
+    def __enter__(self) -> Layers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _writable_private(path: Path, fd: int) -> bool:
+    st = os.fstat(fd)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or _foreign(st):
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *, shipped: bool = True) -> Layers:
+    """Open every layer: those ``HWPROFILE_CACHE_DIR`` names (the last writable private one written), then shipped ones.
+
+    The last named directory is created (private) when absent and ``create``; an earlier one that is
+    absent is one warning and skipped. A fault of a named directory is a :class:`CacheError`
+    naming it; a faulty shipped layer is one warning and skipped. Search order: the write layer,
+    then the other named ones in order, then the shipped ones.
+    """
+    named = configured_dirs(environ)
+    out = Layers()
+    opened: list[tuple[Path, int, str]] = []
+    try:
+        for i, path in enumerate(named):
+            last = i == len(named) - 1
+            origin = _env.CACHE_DIR.name if _env.CACHE_DIR.read(environ) is not None else "default"
+            problem = "does not exist"
+            try:
+                fd = _open_checked(path, create and last)
+            except CacheError as exc:
+                # not a private directory: it may still be a read-only layer (another owner, not writable by others)
+                problem = str(exc)
+                try:
+                    fd = _open_checked(path, False, read_only=True)
+                except CacheError:
+                    raise exc from None  # the fault of the directory meant to be written says what to fix
+            if fd is None:
+                if not last or create:
+                    _warn_once(f"layer:{path}:absent", "kernel cache layer %s is skipped: %s", path, problem)
+                continue
+            opened.append((path, fd, origin))
+        write_at = next((j for j in range(len(opened) - 1, -1, -1) if _writable_private(opened[j][0], opened[j][1])), None)
+        layers = [Layer(p, fd, j == write_at, origin) for j, (p, fd, origin) in enumerate(opened)]
+        opened.clear()
+        if write_at is not None:
+            out.write = layers[write_at]
+            out.read.append(layers[write_at])
+        out.read += [la for la in layers if not la.writable]
+        if shipped:
+            for path, origin in shipped_layers():
+                try:
+                    fd = _open_checked(path, False, read_only=True)
+                except CacheError as exc:
+                    _warn_once(f"layer:{path}", "kernel cache layer of %s skipped: %s", origin, exc)
+                    continue
+                if fd is None:
+                    _warn_once(f"layer:{path}:absent", "kernel cache layer of %s has no %s directory; it is skipped", origin, path)
+                    continue
+                out.read.append(Layer(path, fd, False, origin))
+    except BaseException:
+        for _p, fd, _o in opened:
+            os.close(fd)
+        out.close()
+        raise
+    if out.write is None and create:
+        _warn_once(
+            "layer:nowrite",
+            "no kernel cache layer is writable (%s names none that is a private directory you can write): "
+            "kernels compiled now are used but not cached",
+            _env.CACHE_DIR.name,
+        )
+    return out
+
+
+def open_layer_for_writing(path: Path) -> int:
+    """A descriptor of ``path`` as a layer to fill (``hwprofile compile --output``): created private, checked as the write layer."""
+    fd = _open_checked(Path(path), True)
+    assert fd is not None
+    if not _writable_private(Path(path), fd):
+        os.close(fd)
+        raise CacheError(f"the kernel cache layer {path} is not writable by you; choose another directory")
+    return fd
+
+
+def check_layers(environ: Mapping[str, str] | None = None) -> None:
+    """Open and close every named layer once: a directory fault is one :class:`CacheError`, before any kernel."""
+    if cache_enabled(environ):
+        open_layers(create=True, environ=environ, shipped=False).close()
 
 
 # --- key -----------------------------------------------------------------------------------------
@@ -162,7 +390,7 @@ def key_document(spec: KernelSpec, options: CompileOptions, expressions: Sequenc
     pre = []
     for name in options.pre_includes():
         found = _resolve_include(name, dirs)
-        pre.append([name, _source_digest(str(found), dirs) if found is not None else None])
+        pre.append([os.path.basename(name), _source_digest(str(found), dirs) if found is not None else None])
     return {
         "format": FORMAT,
         "source": _source_digest(str(spec.source_path()), dirs),
@@ -250,9 +478,14 @@ def entry_name(key: str) -> str:
     return f"{key}.cubin"
 
 
-def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str]) -> CompiledKernel | None:
-    """The valid entry of ``key``, or None (a miss; a damaged or foreign entry also warns once)."""
+def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str], *, read_only: bool = False) -> CompiledKernel | None:
+    """The valid entry of ``key``, or None (a miss; a damaged or foreign entry also warns once).
+
+    ``read_only``: a layer that is never written; its entries may belong to another user, but are
+    refused when group or others can write them, as every entry is.
+    """
     name = entry_name(key)
+    then = "recompiling it" if read_only else "recompiling and replacing it"
     path = dpath / name
     try:
         fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
@@ -260,30 +493,31 @@ def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str
         return None
     except OSError as exc:
         why = "is a symbolic link, which the cache never follows" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        _warn_once(f"{path}:open", "kernel cache entry %s %s; recompiling and replacing it", path, why)
+        _warn_once(f"{path}:open", "kernel cache entry %s %s; %s", path, why, then)
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             _warn_once(
                 f"{path}:type",
-                "kernel cache entry %s is not a regular file (%s); recompiling and replacing it",
+                "kernel cache entry %s is not a regular file (%s); %s",
                 path,
                 stat.filemode(st.st_mode),
+                then,
             )
             return None
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (not read_only and _foreign(st)):
             _warn_once(
                 f"{path}:mode",
-                "kernel cache entry %s is writable by other users or owned by another user (mode %s); "
-                "it is not loaded, and is recompiled and replaced",
+                "kernel cache entry %s is writable by other users or owned by another user (mode %s); it is not loaded: %s",
                 path,
                 stat.filemode(st.st_mode),
+                then,
             )
             return None
         if st.st_size > MAX_ENTRY_BYTES:
             _warn_once(
-                f"{path}:size", "kernel cache entry %s is %d bytes, too large for a cubin; recompiling and replacing it", path, st.st_size
+                f"{path}:size", "kernel cache entry %s is %d bytes, too large for a cubin; %s", path, st.st_size, then
             )
             return None
         chunks, size = [], 0
@@ -295,14 +529,15 @@ def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str
             size += len(chunk)
         data = b"".join(chunks)
     except OSError as exc:
-        _warn_once(f"{path}:read", "kernel cache entry %s cannot be read (%s); recompiling and replacing it", path, exc.strerror)
+        _warn_once(f"{path}:read", "kernel cache entry %s cannot be read (%s); %s", path, exc.strerror, then)
         return None
     finally:
         os.close(fd)
     entry, problem = decode(data, key, target, expressions)
     if entry is None:
-        _warn_once(f"{path}:{problem}", "kernel cache entry %s %s; recompiling and replacing it", path, problem)
-    return entry
+        _warn_once(f"{path}:{problem}", "kernel cache entry %s %s; %s", path, problem, then)
+        return None
+    return CompiledKernel(entry.key, entry.target, entry.cubin, entry.lowered, entry.log, True, layer=layer_label(dpath, not read_only))
 
 
 def write(dfd: int, dpath: Path, compiled: CompiledKernel, doc: Mapping[str, Any]) -> bool:
@@ -432,39 +667,74 @@ class ClearReport:
     path: Path | None
     removed: int = 0
     skipped: list[str] = field(default_factory=list)
+    #: files in the directory that hwprofile did not write (never touched)
+    foreign: int = 0
+
+
+_KEY = r"[0-9a-f]{64}\.cubin"
+_OURS = re.compile(rf"^{_KEY}(?P<kind>|\.lock|\.owner|\.\d+\.[0-9a-f]{{12}}\.tmp)\Z")
+
+
+def is_entry_name(name: str) -> bool:
+    """Whether ``name`` is an entry's name as hwprofile writes it (``<64 hex digits>.cubin``)."""
+    m = _OURS.match(name)
+    return m is not None and m.group("kind") == ""
+
+
+def _has_magic(dfd: int, name: str) -> bool:
+    """Whether ``name`` is a regular file that starts with hwprofile's entry magic (read without following a link)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def clear(environ: Mapping[str, str] | None = None) -> ClearReport:
-    """Delete every entry, unheld lock and abandoned temp file; leave what others are using."""
+    """Delete, in the write layer only, every entry, unheld lock and abandoned temp file hwprofile wrote.
+
+    "hwprofile wrote" is its name pattern (a 64-hex-digit key, ``.cubin``, then nothing, ``.lock``,
+    ``.owner`` or ``.<pid>.<12 hex>.tmp``) and, for an entry, its magic: a user's own files in a
+    directory ``HWPROFILE_CACHE_DIR`` names are never removed, and neither is a symlink. Read-only
+    layers are never touched.
+    """
     import filelock
 
-    opened = open_dir(create=False, environ=environ)
-    if opened is None:
-        return ClearReport(cache_dir(environ))
-    dfd, dpath = opened
-    report = ClearReport(dpath)
-    now = time.time()
-    try:
+    with open_layers(create=False, environ=environ, shipped=False) as layers:
+        if layers.write is None:
+            return ClearReport(configured_dirs(environ)[-1])
+        dfd, dpath = layers.write.fd, layers.write.path
+        report = ClearReport(dpath)
+        now = time.time()
         for name in sorted(os.listdir(dfd)):
+            m = _OURS.match(name)
+            if m is None:
+                report.foreign += 1
+                continue
+            kind = m.group("kind")
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                regular_or_link = stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)
-                if name.endswith(".cubin"):
-                    if not regular_or_link:
-                        report.skipped.append(f"{name}: not a file ({stat.filemode(st.st_mode)}); remove it by hand")
+                if not stat.S_ISREG(st.st_mode):
+                    report.skipped.append(f"{name}: not a file ({stat.filemode(st.st_mode)}); remove it by hand")
+                    continue
+                if kind == "":
+                    if not _has_magic(dfd, name):
+                        report.skipped.append(f"{name}: not a hwprofile cache entry (no {MAGIC.decode()} magic); left alone")
                         continue
                     os.unlink(name, dir_fd=dfd)
                     report.removed += 1
-                elif name.endswith((".tmp", ".owner")) and regular_or_link:
+                elif kind in (".owner",) or kind.endswith(".tmp"):
                     if now - st.st_mtime < TMP_MAX_AGE_S:
-                        if name.endswith(".tmp"):
+                        if kind.endswith(".tmp"):
                             report.skipped.append(f"{name}: a write in flight (younger than {TMP_MAX_AGE_S:.0f} s)")
                         continue
                     os.unlink(name, dir_fd=dfd)
-                elif name.endswith(".lock") and regular_or_link:
-                    if stat.S_ISLNK(st.st_mode):
-                        os.unlink(name, dir_fd=dfd)
-                        continue
+                else:  # .lock
                     lock = filelock.FileLock(str(dpath / name))
                     try:
                         lock.acquire(timeout=0)
@@ -481,13 +751,13 @@ def clear(environ: Mapping[str, str] | None = None) -> ClearReport:
                 continue  # removed by another process meanwhile
             except OSError as exc:
                 report.skipped.append(f"{name}: {exc.strerror or exc}")
-    finally:
-        os.close(dfd)
     return report
 
 
 @_state.on_reset
 def clear_cache() -> None:
-    """Forget which warnings were given (process state, cleared by ``hwprofile.reset()``)."""
+    """Forget which warnings were given and which layers packages ship (process state, cleared by ``hwprofile.reset()``)."""
+    global _shipped
     with _warned_lock:
         _warned.clear()
+    _shipped = None

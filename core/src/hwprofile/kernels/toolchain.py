@@ -13,6 +13,7 @@ cuda-python is imported only when NVRTC is asked something.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -174,8 +175,40 @@ class CompileOptions:
         return tuple(option_values(self.extra, "-include", "--pre-include", glued=False))
 
     def as_key(self) -> dict[str, Any]:
-        """The options as a JSON-able document for the cache key."""
-        return {"target": self.target, "flags": self.flags()}
+        """The options as a JSON-able document for the cache key, without a machine path.
+
+        Include directories (the fixed ones and every ``-I`` / ``--include-path`` of ``extra``) become
+        placeholders by position: which headers they hold is in the key as content (the source
+        digest covers every header reached), and where they are installed is not, so the same
+        kernels at another prefix or on another host share their entries.
+        """
+        fixed = [f"-I<include {i}>" for i in range(len(self.include_dirs))]
+        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *_portable(self.extra)]}
+
+
+def _portable(options: Sequence[str]) -> list[str]:
+    """``options`` with every include directory replaced by a numbered placeholder, every forced header by its file name."""
+    out: list[str] = []
+    n = 0
+    it = iter(options)
+    for o in it:
+        if o in ("-I", "--include-path"):
+            next(it, None)
+            out += [o, f"<-I {n}>"]
+            n += 1
+        elif o.startswith("--include-path="):
+            out.append(f"--include-path=<-I {n}>")
+            n += 1
+        elif o.startswith("-I") and len(o) > 2:
+            out.append(f"-I<-I {n}>")
+            n += 1
+        elif o in ("-include", "--pre-include"):  # a forced header may be named by a path: its content is in the key
+            out += [o, f"<pre-include {os.path.basename(next(it, ''))}>"]
+        elif o.startswith("--pre-include="):
+            out.append(f"--pre-include=<pre-include {os.path.basename(o.partition('=')[2])}>")
+        else:
+            out.append(o)
+    return out
 
 
 @dataclass(frozen=True)
@@ -189,6 +222,8 @@ class CompiledKernel:
     log: str = ""
     cached: bool = False
     seconds: float = 0.0
+    #: Where it came from: ``""`` compiled by NVRTC in this process, else the label of the cache layer it was read from.
+    layer: str = ""
 
     @property
     def registers(self) -> int | None:

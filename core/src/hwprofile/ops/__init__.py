@@ -22,7 +22,8 @@ The package, one concern a module:
   tables and route memos, :func:`decide`, and the eager entry every op calls;
 * ``_fallbacks``: the fallback registry, keyed by the op table;
 * ``_kernel``: operand checks, loading and launching a kernel (never routes);
-* ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``.
+* ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``;
+* ``_warmup``: :func:`warmup`, which makes first calls of given shapes safe inside a CUDA-graph capture.
 
 Adding an op: one ``OpDef`` in ``hwprofile.optable.OPS``, one entry in ``_fallbacks.FALLBACKS``, one
 short public function below, and a kernel in a plugin; importing this module names any missing
@@ -49,13 +50,15 @@ from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 from . import _dispatch, _kernel, _library
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
 from ._fallbacks import FALLBACKS
+from ._kernel import NotWarmedError
+from ._warmup import WarmupReport, warmup
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "decide", "fallback", "fp8_gemv", "gemv", "linear_bf16_fp32", "register",
-    "reset_dispatch", "route", "router_gemm", "run_kernel",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "fallback", "fp8_gemv", "gemv",
+    "linear_bf16_fp32", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
 ]
 
 _call = _dispatch.call

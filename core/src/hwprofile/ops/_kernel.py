@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KernelError
+from .._log import get_logger
+from ..errors import HwprofileError, KernelError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
 #: the kernels' C signature: (out, x, w, scale, M, N, K); every plugin kernel of every op takes it
 ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+
+log = get_logger(__name__)
 
 _current_raw_stream: Any = None  # torch._C._cuda_getCurrentRawStream (what Triton uses: no Stream object), bound lazily
 
@@ -35,8 +38,35 @@ def raw_stream(index: int) -> int:
     return int(_current_raw_stream(index))
 
 
+class NotWarmedError(HwprofileError):
+    """An op's first call of a shape came inside a CUDA-graph capture, and neither its kernel nor its fallback was ready.
+
+    Compiling or loading a module there, or the fallback's first cuBLAS call (``cublasCreate``),
+    would invalidate the capture; this error is raised instead, before anything reaches the stream.
+    """
+
+
+#: (device index, op) whose fallback ran once on that device (``hwprofile.ops.warmup``): its libraries
+#: (cuBLAS, cuBLASLt handles) exist, so the fallback is safe inside a capture
+fallback_ready: set[tuple[int, str]] = set()
+_warned_capture: set[tuple[str, int, int, int]] = set()
+
+
+def _capturing(index: int) -> bool:
+    """Whether the current stream is being captured into a CUDA graph (the test seam fakes it)."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: bool) -> Callable[..., None] | None:
     """The launcher of ``op``'s kernel for a shape (memoised per table); None after one warning if it cannot load.
+
+    Inside a CUDA-graph capture nothing is compiled or loaded (either would break the capture): a
+    kernel already loaded in this process is used, else the fallback if it is ready there
+    (:data:`fallback_ready`, set by ``hwprofile.ops.warmup``; the kernel is not marked failed and
+    loads on a later call outside capture), else :class:`NotWarmedError` names the op, the shape
+    and ``warmup``. A compile after ``forbid_compile()`` is raised, never a fallback.
 
     A ctypes call of cuLaunchKernel was measured against cuda-python's on the H200 host: 11.08 vs
     11.09 µs per launch (the driver's own cost dominates), so launches stay with ``hwprofile.kernels``.
@@ -44,12 +74,22 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: 
     from .. import kernels
 
     spec = t.prof.kernels[op]
+    shape = f"M={m}, N={n}, K={k}"
     try:
         plan = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": scale_mode} if OPS[op].scaled else {}))
         target = t.prof.target
         if target is None:
             raise KernelError(f"{op}: the profile of device {t.index} has no NVRTC target")
-        kern = kernels.load(spec, target, plan, t.index, ARG_TYPES)
+        if _capturing(t.index):
+            ready = kernels.loaded(spec, target, plan, t.index, ARG_TYPES)
+            if ready is None:
+                _not_ready_in_capture(t, op, m, n, k, shape)
+                return None
+            kern = ready
+        else:
+            kern = kernels.load(spec, target, plan, t.index, ARG_TYPES, record=t.prof.stats.record)
+    except kernels.CompileForbiddenError as exc:
+        raise kernels.CompileForbiddenError(f"{op} ({shape}) on cuda:{t.index}: {exc}") from None
     except KernelError as exc:
         if t.strict:
             raise
@@ -62,6 +102,21 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: 
 
     t.launches[(op, m, n, k, scale_mode, split_k)] = go
     return go
+
+
+def _not_ready_in_capture(t: _Table, op: str, m: int, n: int, k: int, shape: str) -> None:
+    """The fallback for a kernel that is not loaded, inside a capture, if that is safe; else :class:`NotWarmedError`."""
+    fix = (
+        f"call hwprofile.ops.warmup(device={t.index}, shapes={{{op!r}: [({m}, {n}, {k})]}}) (or with models=[...]) before capturing"
+    )
+    if (t.index, op) not in fallback_ready:
+        raise NotWarmedError(
+            f"{op} ({shape}) was first called inside a CUDA-graph capture on cuda:{t.index}: its kernel is not loaded and its "
+            f"fallback was never initialised on this device (cuBLAS), and either would break the capture; {fix}"
+        )
+    if (op, m, n, k) not in _warned_capture:
+        _warned_capture.add((op, m, n, k))
+        log.warning("%s (%s) inside a CUDA-graph capture: its kernel is not loaded, the capture records the fallback; %s", op, shape, fix)
 
 
 def launch(
