@@ -655,7 +655,93 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     ``profile()`` (counters start over), unless ``--simulate`` names what ``HWPROFILE_DEVICE`` already
     says, which changes nothing. Only the ``hwprofile`` program itself (``program=True``,
     :func:`console`) points a failed stdout at /dev/null.
+
+    Output never fails on what it prints: a path that is not valid in stdout's encoding (a
+    non-UTF-8 file name, any non-ASCII one on an ASCII terminal) is written as its original bytes or
+    a backslash escape (:func:`_render_errors`). A closed stdout (``hwprofile show >&-``) runs the
+    command, then ends in one line and status 1 if it had anything to print.
     """
+    closed = _ClosedStdout() if sys.stdout is None else None
+    if closed is not None:
+        sys.stdout = closed  # print() writes here, argparse's --version and --help too
+    restore = _render_unencodable(sys.stdout)
+    try:
+        code = _main(argv, program=program)
+    except SystemExit as exc:  # argparse's own exits (--version, --help, a usage error)
+        if closed is not None and closed.written and exc.code in (0, None):
+            raise SystemExit(_closed_stdout_failure()) from None
+        raise
+    finally:
+        restore()
+        if closed is not None:
+            sys.stdout = None
+    if closed is not None and closed.written and code == 0:
+        return _closed_stdout_failure()
+    return code
+
+
+class _ClosedStdout:
+    """What ``sys.stdout`` is while fd 1 is closed (Python sets it to ``None``): remembers whether anything was printed."""
+
+    written = False
+
+    def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _closed_stdout_failure() -> int:
+    return _fail("error: standard output is closed, so the output was not written; run with stdout open or redirect it (> /dev/null)", 1)
+
+
+_RENDER = "hwprofile.render"
+
+
+def _render_errors(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """The codec error handler of the CLI's output: an undecodable byte of a file name (a lone
+    surrogate, as ``os.fsdecode`` makes it) is written back as that byte, like ``surrogateescape``;
+    any other character the encoding lacks becomes a backslash escape, like ``backslashreplace``."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start : exc.end]
+    if all(0xDC80 <= ord(c) <= 0xDCFF for c in bad):
+        return bytes(ord(c) - 0xDC00 for c in bad), exc.end
+    return "".join(c.encode("ascii", "backslashreplace").decode("ascii") for c in bad), exc.end
+
+
+def _render_unencodable(stream: Any) -> Any:
+    """Switch ``stream`` (stdout) from strict errors to :func:`_render_errors`; returns what undoes it."""
+    import codecs
+
+    errors = getattr(stream, "errors", None)
+    if errors != "strict" or not hasattr(stream, "reconfigure"):
+        return lambda: None
+    try:
+        codecs.lookup_error(_RENDER)
+    except LookupError:
+        codecs.register_error(_RENDER, _render_errors)
+    try:
+        stream.reconfigure(errors=_RENDER)
+    except (OSError, ValueError):  # a closed or broken stream: the command's own output path reports it
+        return lambda: None
+
+    def restore() -> None:
+        try:
+            stream.reconfigure(errors=errors)
+        except (OSError, ValueError):
+            pass
+
+    return restore
+
+
+def _main(argv: Sequence[str] | None, *, program: bool) -> int:
+    """:func:`main` without its stdout guards."""
     simulate = None
     simulate_var = _env.DEVICE.name
     before = os.environ.get(simulate_var)  # the caller's raw value, restored below
@@ -714,7 +800,8 @@ def console() -> None:
     except SystemExit as exc:
         code = exc.code
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: fd 1 was closed from the start (main said so)
+            sys.stdout.flush()
     except (OSError, ValueError):
         _silence_stdout()
     sys.exit(code)
@@ -735,9 +822,11 @@ def _silence_stdout() -> None:
 
 
 def _fail(msg: str, code: int) -> int:
+    if sys.stderr is None:  # fd 2 closed as well: the status is all that can be said
+        return code
     try:
         print(f"hwprofile: {msg}", file=sys.stderr)
-    except OSError:
+    except (OSError, ValueError):
         pass
     return code
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import _state
-from ..errors import HwprofileError, KernelError, ToolchainError
+from ..errors import CacheError, HwprofileError, KernelError, ToolchainError
 from . import cache as kcache
 from . import toolchain
 from .launch import LoadedKernel, check_driver_for_nvrtc, driver_cuda_version
@@ -131,9 +131,8 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str) -
         cubin, lowered, text = toolchain.nvrtc_compile(spec.read_source(), spec.source, options, exprs, what=what)
         return CompiledKernel(key, target, cubin, lowered, text, cached=False)
 
-    if kcache.cache_enabled():
-        opened = kcache.open_dir(create=True)
-        assert opened is not None
+    opened = _open_cache() if kcache.cache_enabled() else None
+    if opened is not None:
         dfd, dpath = opened
         try:
             entry = kcache.read(dfd, dpath, key, target, exprs)
@@ -151,6 +150,25 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str) -
     with _memo_lock:
         _memo_compiled[key] = entry
     return entry
+
+
+def _open_cache() -> tuple[int, Path] | None:
+    """The cache directory, or ``None`` (one warning) when it does not exist and cannot be created.
+
+    A read-only HOME or a full disk must not disable kernels: they are compiled in process and used
+    uncached, as when an entry cannot be written. A directory that exists and is refused (shared,
+    foreign, a link, a file) stays a :class:`CacheError`.
+    """
+    try:
+        opened = kcache.open_dir(create=True)
+    except CacheError as exc:
+        path = kcache.cache_dir()
+        if os.path.lexists(path):
+            raise
+        kcache._warn_once(f"{path}:create", "%s; kernels are compiled but not cached, so each process compiles them again", exc)
+        return None
+    assert opened is not None
+    return opened
 
 
 def load(spec: KernelSpec, target: str, launch: Launch, device_index: int, arg_types: Sequence[type]) -> LoadedKernel:

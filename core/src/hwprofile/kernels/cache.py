@@ -86,13 +86,17 @@ def cache_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the cache lives: ``HWPROFILE_CACHE_DIR`` or ``<user cache dir>/hwprofile/kernels``."""
-    env = _env.CACHE_DIR.read(environ)
-    if env is not None:
-        return Path(env)
-    import platformdirs
+    """Where the cache lives: ``HWPROFILE_CACHE_DIR`` (``~`` expanded) or ``<user cache dir>/hwprofile/kernels``.
 
-    return Path(platformdirs.user_cache_dir("hwprofile")) / "kernels"
+    The user cache dir follows platformdirs and XDG, and has a fallback for a user with no home
+    (:mod:`hwprofile._paths`); a ``~`` that cannot be expanded is a :class:`CacheError` naming the variable.
+    """
+    from .. import _paths
+
+    given = _env.CACHE_DIR.read(environ)
+    if given is not None:
+        return Path(_paths.expand(given, environ, what=_env.CACHE_DIR.name, error=CacheError))
+    return _paths.cache_root(environ) / "kernels"
 
 
 def _refuse_if_shared(st: os.stat_result, path: Path) -> None:
