@@ -63,7 +63,9 @@ def test_closed_stdout_and_stderr_end_with_the_status_only() -> None:
     assert r.returncode == 1 and r.stderr == b""
 
 
-def test_an_in_process_call_with_no_stdout_gives_sys_stdout_back(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_in_process_call_with_no_stdout_gives_sys_stdout_back(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     monkeypatch.setattr(sys, "stdout", None)
     assert cli.main(["show"]) == 1
@@ -176,3 +178,142 @@ def test_a_real_uid_without_passwd_entry_or_home(args: list[str], tmp_path: Path
     assert r.returncode in ((0, 1) if args[0] == "doctor" else (0,)), err
     if args[0] == "cache":
         assert f"{tmp_path}/hwprofile-{uid}/kernels".encode() in r.stdout
+
+
+# --- sweep checks what it will write before it measures -----------------------------------------------
+
+
+@pytest.fixture
+def no_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any touch of the device (profile, timing) fails the test: the checks must come first."""
+
+    def touched(args: object) -> object:
+        raise AssertionError("sweep reached the device before refusing its arguments")
+
+    monkeypatch.setattr(cli, "_profile", touched)
+
+
+def _sweep_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert cli.main(["sweep", "router_gemm", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error" not in err, err
+    return err
+
+
+@pytest.mark.usefixtures("no_device")
+def test_sweep_refuses_an_output_that_is_a_directory_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "is not a regular file" in _sweep_error(capsys, "--output", str(tmp_path))
+
+
+@pytest.mark.usefixtures("no_device")
+def test_sweep_refuses_a_symlinked_output_or_samples_file_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "t.toml").symlink_to(victim)
+    assert "symbolic link" in _sweep_error(capsys, "--output", str(tmp_path / "t.toml"))
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "u.toml").symlink_to(victim)  # where the raw samples of u.toml go
+    err = _sweep_error(capsys, "--output", str(tmp_path / "u.toml"))
+    assert "sweep samples" in err and "symbolic link" in err
+    assert victim.read_text() == "keep"
+
+
+@pytest.mark.usefixtures("no_device")
+def test_sweep_refuses_an_unwritable_output_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert "a file is in the way of its directory" in _sweep_error(capsys, "--output", str(blocker / "t.toml"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by others and not sticky: another user could swap the file
+    assert "writable by other users" in _sweep_error(capsys, "--output", str(shared / "t.toml"))
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        assert "not writable by you" in _sweep_error(capsys, "--output", str(ro / "t.toml"))
+
+
+@pytest.mark.usefixtures("no_device")
+def test_sweep_plot_without_matplotlib_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was "internal error: ModuleNotFoundError" after the whole sweep."""
+    for m in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, m)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    err = _sweep_error(capsys, "--output", str(tmp_path / "t.toml"), "--plot", str(tmp_path / "p.png"))
+    assert "--plot" in err and "needs matplotlib" in err and "pip install matplotlib" in err
+
+
+@pytest.mark.usefixtures("no_device")
+def test_sweep_plot_paths_and_formats_are_checked_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = str(tmp_path / "t.toml")
+    assert "is not a regular file" in _sweep_error(capsys, "--output", out, "--plot", str(tmp_path))
+    (tmp_path / "link.png").symlink_to(tmp_path / "elsewhere.png")
+    assert "symbolic link" in _sweep_error(capsys, "--output", out, "--plot", str(tmp_path / "link.png"))
+    assert "cannot write .docx files" in _sweep_error(capsys, "--output", out, "--plot", str(tmp_path / "p.docx"))
+    assert "also the --output" in _sweep_error(capsys, "--output", out, "--plot", out)
+
+
+@pytest.mark.usefixtures("no_device")
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [("--shapes", "256x", "NxK pairs"), ("--shapes", "axb", "NxK pairs"), ("--shapes", "0x7168", "NxK pairs"),
+     ("--m", "1..x", "--m '1..x' is invalid"), ("--n", "0", "positive"), ("--k", ",", "at least one")],
+)
+def test_sweep_grid_flags_are_clear_errors(flag: str, value: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A malformed --shapes or --m was "internal error: ValueError" (after the device was resolved)."""
+    assert needle in _sweep_error(capsys, flag, value)
+
+
+def test_sweep_reps_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["sweep", "router_gemm", "--reps", "0"])
+    assert info.value.code == 2 and "positive integer" in capsys.readouterr().err
+
+
+def test_sweep_default_output_is_checked_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --output the tuned file goes to the device's tuned directory: checked once the device is known, before timing."""
+    from types import SimpleNamespace
+
+    from hwprofile import tuning
+    from hwprofile.device import DeviceInfo
+
+    dev = DeviceInfo(0, "NVIDIA H200", (9, 0))
+    monkeypatch.setattr(cli, "_profile", lambda args: SimpleNamespace(device=dev))
+    monkeypatch.setenv("HWPROFILE_CONFIG_DIR", str(tmp_path))
+    d = tuning.tuned_dir(dev, os.environ)
+    d.mkdir(parents=True)
+    (d / "router_gemm.toml").symlink_to(tmp_path / "victim")
+    assert "symbolic link" in _sweep_error(capsys)
+    monkeypatch.delenv("HWPROFILE_CONFIG_DIR")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+
+    def missing(uid: int) -> pwd.struct_passwd:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", missing)
+    assert "Set HWPROFILE_CONFIG_DIR (or HOME)" in _sweep_error(capsys)
+
+
+def test_the_plot_is_written_whole_and_never_through_a_link(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from hwprofile import sweep
+    from hwprofile.errors import WriteError
+
+    ms = [{"m": m, "n": 256, "k": 7168, "kernel_us": 3.0, "fallback_us": 7.0} for m in (1, 2, 4)]
+    doc = {"stamp": {"op": "router_gemm", "device": "NVIDIA H200", "fallback": {"function": "torch.mm", "torch": "2.11"}},
+           "measurements": ms, "thresholds": {"router_gemm.max_tokens": 4}}
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "p.png").symlink_to(victim)
+    with pytest.raises(WriteError, match="symbolic link"):
+        sweep.plot(doc, tmp_path / "p.png")
+    assert victim.read_text() == "keep"
+    sweep.plot(doc, tmp_path / "new" / "p.svg")
+    assert (tmp_path / "new" / "p.svg").read_text().lstrip().startswith("<?xml")

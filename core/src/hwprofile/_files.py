@@ -76,6 +76,9 @@ def check_target(path: Path, *, what: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    except NotADirectoryError:
+        why = f"a file is in the way of its directory {path.parent}"
+        raise WriteError(f"cannot write the {what} {path}: {why}; choose another path") from None
     except OSError as exc:
         raise WriteError(f"cannot write the {what} {path}: {exc.strerror}; choose another path") from None
     if stat.S_ISLNK(st.st_mode):

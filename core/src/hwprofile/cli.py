@@ -479,21 +479,86 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ints(text: str | None) -> list[int] | None:
-    """``"1..16"`` or ``"1,2,4"`` -> list of ints."""
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    """``"1..16"`` or ``"1,2,4"`` -> list of positive ints; anything else is an error naming ``flag``."""
     if not text:
         return None
-    if ".." in text:
-        a, b = text.split("..", 1)
-        return list(range(int(a), int(b) + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
+    try:
+        if ".." in text:
+            a, b = text.split("..", 1)
+            out = list(range(int(a), int(b) + 1))
+        else:
+            out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HwprofileError(f"{flag} {text!r} is invalid: write a range (1..16) or a comma list (1,2,4) of positive integers") from None
+    if not out or min(out) < 1:
+        raise HwprofileError(f"{flag} {text!r} is invalid: it must name at least one size, each a positive integer")
+    return out
+
+
+def _sweep_grid(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """The (M, N, K) points ``--shapes`` / ``--m`` / ``--n`` / ``--k`` ask for, or the op's default grid."""
+    from . import sweep
+
+    grid = sweep.default_grid(args.op)
+    if args.shapes:
+        try:
+            pairs = [tuple(int(x) for x in s.strip().lower().split("x")) for s in args.shapes.split(",")]
+        except ValueError:
+            pairs = []
+        if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+            raise HwprofileError(f"--shapes {args.shapes!r} is invalid: write NxK pairs of positive integers, e.g. 256x7168,512x4096")
+        grid = [(1, n, k) for n, k in pairs]
+    ms, ns, ks = _ints(args.m, "--m"), _ints(args.n, "--n"), _ints(args.k, "--k")
+    if ms or ns or ks:
+        grid = [
+            (m, n, k)
+            for m in (ms or sorted({g[0] for g in grid}))
+            for n in (ns or sorted({g[1] for g in grid}))
+            for k in (ks or sorted({g[2] for g in grid}))
+        ]
+    return grid
+
+
+def _check_tuned_output(out: Path) -> None:
+    """The tuned file and its raw samples (``samples/<name>`` beside it): what :func:`hwprofile.sweep.write` will refuse."""
+    from ._files import check_writable
+    from .tuning import SAMPLES_DIR
+
+    check_writable(out, what="tuned file")
+    check_writable(out.parent / SAMPLES_DIR / out.name, what="sweep samples")
+
+
+def _check_plot(plot: Path, output: Path | None) -> None:
+    """``--plot``: matplotlib importable, a format it writes, a path hwprofile may write (before any measuring)."""
+    from ._files import check_writable
+
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise HwprofileError(
+            f"--plot {plot} needs matplotlib, which cannot be imported here ({exc}); pip install matplotlib, or leave --plot out"
+        ) from None
+    if output is not None and os.path.abspath(plot) == os.path.abspath(output):
+        raise HwprofileError(f"--plot {plot} is also the --output tuned file: the plot would replace it; choose another path")
+    fmt = plot.suffix.lstrip(".").lower() or "png"
+    formats = Figure().canvas.get_supported_filetypes()
+    if fmt not in formats:
+        raise HwprofileError(f"--plot {plot}: matplotlib cannot write .{fmt} files; use one of .{', .'.join(sorted(formats))}")
+    check_writable(plot, what="plot")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-
+    """Everything the user gave (grid, output paths, plot) is checked before the device is touched: a
+    refused path or a missing matplotlib must not end minutes of GPU work."""
     from . import sweep
     from .tuning import tuned_dir
 
+    grid = _sweep_grid(args)
+    if args.output is not None:
+        _check_tuned_output(args.output)
+    if args.plot is not None:
+        _check_plot(args.plot, args.output)
     try:
         prof = _profile(args)
     except DeviceError as exc:
@@ -503,6 +568,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HwprofileError(
             f"sweep times real kernels: {prof.device.name} is simulated (unset {_env.DEVICE.name} / --simulate and run on the GPU)"
         )
+    out = args.output
+    if out is None:
+        out = tuned_dir(prof.device, os.environ) / f"{args.op}.toml"  # no home: an error naming HWPROFILE_CONFIG_DIR
+        _check_tuned_output(out)
     try:
         import torch
     except ImportError:
@@ -511,18 +580,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False")
     if prof.plugin is None or args.op not in prof.kernels:
         raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
-    grid = sweep.default_grid(args.op)
-    if args.shapes:
-        grid = [(1, int(n), int(k)) for n, k in (s.lower().split("x") for s in args.shapes.split(","))]
-    ms, ns, ks = _ints(args.m), _ints(args.n), _ints(args.k)
-    if ms or ns or ks:
-        grid = [
-            (m, n, k)
-            for m in (ms or sorted({g[0] for g in grid}))
-            for n in (ns or sorted({g[1] for g in grid}))
-            for k in (ks or sorted({g[2] for g in grid}))
-        ]
-
     doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70))
     rows = [
         [
@@ -535,7 +592,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
-    out = args.output or tuned_dir(prof.device, os.environ) / f"{args.op}.toml"
     samples = sweep.write(doc, out)
     if samples is not None:
         print(f"wrote {samples} (raw measurements)")
@@ -627,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", help="output features: 256,384 or a range")
     s.add_argument("--k", help="input features")
     s.add_argument("--shapes", help="GEMV shapes as NxK,NxK (M = 1)")
-    s.add_argument("--reps", type=int, default=15, help="timed graph replays per point (median)")
+    s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
     s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
     s.add_argument("--output", type=Path, help="tuned file to write (default: this device's tuned directory)")
     s.add_argument("--plot", type=Path, help="PNG of latency against M or N with the threshold marked")
