@@ -317,3 +317,106 @@ def test_the_plot_is_written_whole_and_never_through_a_link(tmp_path: Path) -> N
     assert victim.read_text() == "keep"
     sweep.plot(doc, tmp_path / "new" / "p.svg")
     assert (tmp_path / "new" / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
+# --- new-plugin: whole or not at all --------------------------------------------------------------------
+
+
+def _full_disk_after(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """``os.write`` fails with ENOSPC from its ``n``-th call on."""
+    import errno
+
+    real = os.write
+    calls = [0]
+
+    def write(fd: int, data: object) -> int:
+        calls[0] += 1
+        if calls[0] >= n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize("nth", [1, 3, 5])
+def test_new_plugin_on_a_full_disk_leaves_nothing(nth: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """It left a half-written package (the files before the failing one) that a second run then refused as not empty."""
+    target = tmp_path / "hwprofile-mygpu"
+    with monkeypatch.context() as m:
+        _full_disk_after(m, nth)
+        code = cli.main(["new-plugin", "mygpu", "--capability", "8.9", "--dir", str(target)])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "nothing was left behind" in err and "free some space" in err
+    assert str(target) in err and "internal error" not in err
+    assert sorted(os.listdir(tmp_path)) == []  # neither the package nor its temporary sibling
+    assert cli.main(["new-plugin", "mygpu", "--capability", "8.9", "--dir", str(target)]) == 0  # space again: it just works
+    assert (target / "pyproject.toml").is_file() and sorted(os.listdir(tmp_path)) == ["hwprofile-mygpu"]
+
+
+def test_new_plugin_into_an_empty_directory_replaces_it_and_has_the_usual_mode(tmp_path: Path) -> None:
+    from hwprofile import scaffold
+
+    target = tmp_path / "p"
+    target.mkdir()
+    written = scaffold.write(target, "mygpu", "8.9")
+    assert all(p.is_file() for p in written) and sorted(os.listdir(tmp_path)) == ["p"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+@pytest.mark.parametrize("kind", ["file", "link", "non-empty"])
+def test_new_plugin_refuses_a_target_that_exists(kind: str, tmp_path: Path) -> None:
+    from hwprofile import scaffold
+    from hwprofile.errors import HwprofileError
+
+    target = tmp_path / "p"
+    other = tmp_path / "other"
+    other.mkdir()
+    if kind == "file":
+        target.write_text("mine")
+    elif kind == "link":
+        target.symlink_to(other)  # an empty directory, but through a link
+    else:
+        target.mkdir()
+        (target / "notes.txt").write_text("mine")
+    with pytest.raises(HwprofileError, match="choose another --dir"):
+        scaffold.write(target, "mygpu", "8.9")
+    assert not list(other.iterdir()) and sorted(os.listdir(tmp_path)) == ["other", "p"]
+
+
+def test_new_plugin_racing_another_writer_keeps_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory that fills while the package is built is never merged into or replaced."""
+    from hwprofile import scaffold
+    from hwprofile.errors import HwprofileError
+
+    target = tmp_path / "p"
+    real = scaffold._write_new
+
+    def racing(path: Path, data: bytes) -> None:
+        if not target.exists():
+            target.mkdir()
+            (target / "theirs.txt").write_text("theirs")
+        real(path, data)
+
+    monkeypatch.setattr(scaffold, "_write_new", racing)
+    with pytest.raises(HwprofileError, match="appeared while the plugin was written"):
+        scaffold.write(target, "mygpu", "8.9")
+    assert os.listdir(target) == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["p"]
+
+
+def test_new_plugin_hitting_a_file_size_limit_leaves_nothing(tmp_path: Path) -> None:
+    """A real write failure in a child (``RLIMIT_FSIZE``: writes past 2 KiB fail with EFBIG), as a full disk fails them."""
+    import resource
+    import signal
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    target = tmp_path / "hwprofile-mygpu"
+    r = _run(["new-plugin", "mygpu", "--capability", "8.9", "--dir", str(target)], preexec=limited)
+    err = r.stderr.decode()
+    assert os.listdir(tmp_path) == [], err  # no half-written package (the old code left the files before the big one)
+    assert r.returncode == 2 and "File too large" in err and "nothing was left behind" in err, err
