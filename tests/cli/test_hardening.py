@@ -420,3 +420,17 @@ def test_new_plugin_hitting_a_file_size_limit_leaves_nothing(tmp_path: Path) -> 
     err = r.stderr.decode()
     assert os.listdir(tmp_path) == [], err  # no half-written package (the old code left the files before the big one)
     assert r.returncode == 2 and "File too large" in err and "nothing was left behind" in err, err
+
+
+def test_path_arguments_expand_a_tilde_no_shell_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--dir=~/p`` (no shell expands after '=') created a literal ``./~/p``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cli.main(["new-plugin", "mygpu", "--capability", "8.9", "--dir=~/p"]) == 0
+    assert (tmp_path / "home" / "p" / "pyproject.toml").is_file() and not (tmp_path / "~").exists()
+    args = cli.build_parser().parse_args(["sweep", "router_gemm", "--output=~/t.toml", "--plot=~/p.png"])
+    assert args.output == tmp_path / "home" / "t.toml" and args.plot == tmp_path / "home" / "p.png"
+    with pytest.raises(SystemExit):
+        cli.main(["new-plugin", "mygpu", "--capability", "8.9", "--dir=~no-such-user-x/p"])
+    assert "argument --dir: '~no-such-user-x/p': there is no user 'no-such-user-x'" in capsys.readouterr().err

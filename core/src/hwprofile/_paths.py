@@ -84,11 +84,13 @@ def no_home_reason(environ: Mapping[str, str] | None = None) -> str:
 def expand(value: str, environ: Mapping[str, str] | None = None, *, what: str, error: type[HwprofileError] = SettingError) -> str:
     """``value`` with a leading ``~`` or ``~user`` expanded; any other path is returned as given.
 
-    ``what`` names where the value came from (``HWPROFILE_CACHE_DIR``) in the error a ``~`` that
-    cannot be expanded raises (``error``, a :class:`SettingError` by default).
+    ``what`` names where the value came from (``HWPROFILE_CACHE_DIR``; ``""`` for a command-line
+    argument, whose flag argparse names) in the error a ``~`` that cannot be expanded raises
+    (``error``, a :class:`SettingError` by default).
     """
     if not value.startswith("~"):
         return value
+    label = f"{what}={value!r}" if what else repr(value)
     seps = "/\\" if not _is_posix() else "/"
     cut = next((i for i, c in enumerate(value) if c in seps), len(value))
     user, rest = value[1:cut], value[cut:]
@@ -96,13 +98,13 @@ def expand(value: str, environ: Mapping[str, str] | None = None, *, what: str, e
         base = home(environ)
         if base is None:
             raise error(
-                f"{what}={value!r} starts with '~', but this user has no home directory: {no_home_reason(environ)}. "
+                f"{label} starts with '~', but this user has no home directory: {no_home_reason(environ)}. "
                 f"Write the path out in full, or set HOME to an absolute path"
             )
     else:
         base = _user_home(user)
         if base is None:
-            raise error(f"{what}={value!r}: there is no user {user!r} on this machine to expand '~{user}' with; write the path out in full")
+            raise error(f"{label}: there is no user {user!r} on this machine to expand '~{user}' with; write the path out in full")
     if not rest.strip("/\\"):
         return base
     return base.rstrip("/\\") + rest if base.rstrip("/\\") else rest

@@ -625,6 +625,17 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _user_path(text: str) -> Path:
+    """A path argument with a leading ``~`` / ``~user`` expanded, as for the path variables: ``--output=~/t.toml``
+    reaches hwprofile unexpanded (no shell expands after ``=``) and must not create a literal ``./~``."""
+    from . import _paths
+
+    try:
+        return Path(_paths.expand(text, what=""))
+    except HwprofileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _device_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a device name ('hwprofile devices' lists them), got an empty string")
@@ -685,14 +696,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shapes", help="GEMV shapes as NxK,NxK (M = 1)")
     s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
     s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
-    s.add_argument("--output", type=Path, help="tuned file to write (default: this device's tuned directory)")
-    s.add_argument("--plot", type=Path, help="PNG of latency against M or N with the threshold marked")
+    s.add_argument("--output", type=_user_path, help="tuned file to write (default: this device's tuned directory)")
+    s.add_argument("--plot", type=_user_path, help="PNG of latency against M or N with the threshold marked")
     s.set_defaults(fn=cmd_sweep)
     s = sub.add_parser("new-plugin", help="scaffold an architecture plugin package")
     s.add_argument("name", help="plugin name, e.g. sm89 (distribution hwprofile-<name>)")
     s.add_argument("--capability", required=True, help="exact compute capability served, e.g. 8.9")
     s.add_argument("--target", help="NVRTC target (default sm_<major><minor>)")
-    s.add_argument("--dir", type=Path, help="where to write it (default ./hwprofile-<name>)")
+    s.add_argument("--dir", type=_user_path, help="where to write it (default ./hwprofile-<name>)")
     s.set_defaults(fn=cmd_new_plugin)
     s = sub.add_parser("cache", help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
