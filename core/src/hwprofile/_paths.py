@@ -13,8 +13,9 @@ The rules are platformdirs' and the XDG base-directory spec's, applied the same 
   relative value is invalid and must be ignored, so it is (``<home>/.config``, ``<home>/.cache``).
   That is the Linux rule, written out here because importing platformdirs costs 3-4 ms of every
   first ``profile()`` (a test checks both agree); elsewhere platformdirs decides.
-* **No home**: the kernel cache falls back to ``<temp dir>/hwprofile-<uid>`` (per user, created
-  private; the cache refuses it if someone else made it first, and kernels then run uncached); the
+* **No home**: the kernel cache falls back to ``<temp dir>/hwprofile-<uid>/kernels`` (per user; the
+  cache creates it 0700 and refuses one that is not this user's own and private, so a squatter
+  can at most make kernels fall back, never plant a cubin); the
   config directory has no default, so no tuned directory is read, and what needs one (``hwprofile
   sweep`` without ``--output``) is an error naming ``HWPROFILE_CONFIG_DIR`` and ``HOME``.
 
@@ -180,8 +181,9 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
 def no_home_cache() -> Path:
     """The cache of a user with no home: ``<temp dir>/hwprofile-<uid>`` (``$TMPDIR``, else ``/tmp``).
 
-    Per user, so two container users never share it; the kernel cache creates its directory 0700
-    and refuses one another user made, so a squatter can only make kernels run uncached.
+    Per user, so two container users never share it; the kernel cache creates its ``kernels/``
+    0700 and refuses one that is not this user's own and private, so a squatter can at most make
+    kernels fall back, never plant a cubin.
     """
     import tempfile
 
