@@ -434,3 +434,14 @@ def test_path_arguments_expand_a_tilde_no_shell_expanded(tmp_path: Path, monkeyp
     with pytest.raises(SystemExit):
         cli.main(["new-plugin", "mygpu", "--capability", "8.9", "--dir=~no-such-user-x/p"])
     assert "argument --dir: '~no-such-user-x/p': there is no user 'no-such-user-x'" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_keeps_a_failed_commands_status(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def failed_check(args: object) -> int:
+        print("report")
+        return 1
+
+    monkeypatch.setattr(cli, "cmd_doctor", failed_check)
+    monkeypatch.setattr(sys, "stdout", None)
+    assert cli.main(["doctor"]) == 1
+    assert "standard output is closed" in capsys.readouterr().err

@@ -742,8 +742,9 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         restore()
         if closed is not None:
             sys.stdout = None
-    if closed is not None and closed.written and code == 0:
-        return _closed_stdout_failure()
+    if closed is not None and closed.written:
+        failed = _closed_stdout_failure()
+        return code or failed  # a command that failed (doctor's failed check) keeps its own status
     return code
 
 
