@@ -445,3 +445,20 @@ def test_a_closed_stdout_keeps_a_failed_commands_status(monkeypatch: pytest.Monk
     monkeypatch.setattr(sys, "stdout", None)
     assert cli.main(["doctor"]) == 1
     assert "standard output is closed" in capsys.readouterr().err
+
+
+def test_doctor_warns_that_a_read_only_home_runs_kernels_uncached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwprofile import doctor
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for v in ("HWPROFILE_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(v, raising=False)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(home) else real(p, mode, **kw))
+    c = doctor._cache_check()
+    assert c.status == "WARN" and "kernels run uncached" in c.detail and f"{home} is not writable" in c.detail
+    assert "HWPROFILE_CACHE_DIR" in c.fix
+    monkeypatch.setattr(os, "access", real)
+    assert doctor._cache_check().status == "OK"

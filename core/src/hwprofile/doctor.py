@@ -355,7 +355,19 @@ def _cache_check() -> Check:
         path = kernels.cache_dir(create=False)
     except CacheError as exc:
         return Check("kernel cache", "FAIL", str(exc), "see detail")
-    return Check("kernel cache", "OK", f"{path}{'' if path.is_dir() else ' (created on the first compile)'}")
+    if path.is_dir():
+        return Check("kernel cache", "OK", str(path))
+    probe = path.parent
+    while not os.path.lexists(probe) and probe != probe.parent:  # the nearest existing ancestor decides
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):  # a read-only HOME or file system
+        return Check(
+            "kernel cache", "WARN",
+            f"{path} does not exist and cannot be created ({probe} is not writable): kernels run uncached, "
+            "each process compiles them again",
+            f"set {_env.CACHE_DIR.name} to a private directory you can write",
+        )
+    return Check("kernel cache", "OK", f"{path} (created on the first compile)")
 
 
 def _short(value: str, limit: int = _LONG) -> str:
