@@ -462,3 +462,14 @@ def test_doctor_warns_that_a_read_only_home_runs_kernels_uncached(tmp_path: Path
     assert "HWPROFILE_CACHE_DIR" in c.fix
     monkeypatch.setattr(os, "access", real)
     assert doctor._cache_check().status == "OK"
+
+
+def test_a_written_text_quoting_an_undecodable_file_name_is_a_clear_error(tmp_path: Path) -> None:
+    """sweep records its samples file's name in the tuned file: a name of undecodable bytes was an internal UnicodeEncodeError."""
+    from hwprofile import _files
+    from hwprofile.errors import WriteError
+
+    target = tmp_path / "t.toml"
+    with pytest.raises(WriteError, match=r"holds \\udcff, not valid UTF-8.*rename that file"):
+        _files.atomic_write(target, 'samples = "samples/t\udcff.toml"\n', what="tuned file")
+    assert os.listdir(tmp_path) == []
