@@ -2,7 +2,12 @@
 
 * ``--hwprofile-device=NAME`` (or ``HWPROFILE_DEVICE``) simulates a GPU for the session: a catalog
   name (``h200``), a generic capability (``sm_110``, ``11.0``) or a comma list. A name that is not
-  known is one usage error at start-up, not one error per test.
+  known, given either way, is one usage error at start-up, not one error per test.
+  ``--hwprofile-device=none`` is the leg without a device: an exported ``HWPROFILE_DEVICE`` is
+  unset for the session (and given back after it).
+* A malformed ``hwprofile_arch`` / ``hwprofile_gpu`` mark (no capability for ``hwprofile_arch``, a
+  keyword, a non-string such as ``90``, a string that is no capability such as ``"sm_9"``) is one
+  usage error at collection, on every host, listing each test and mark.
 * ``@pytest.mark.hwprofile_arch("sm_120", "sm_121")`` runs a test only when device 0 has one of
   these *exact* capabilities (real or simulated), and skips it with the reason otherwise.
 * ``@pytest.mark.hwprofile_gpu("sm_90")`` needs a *real* GPU (of that capability, if given) usable
@@ -88,20 +93,29 @@ def pytest_configure(config: pytest.Config) -> None:
         "(added automatically to tests using hwprofile_arch, hwprofile_gpu or the hwprofile_profile fixture)",
     )
     name = config.getoption("--hwprofile-device", default=None)
-    if not name or name.strip().lower() == "none":
+    if name is None:
+        exported = os.environ.get(SIMULATE_ENV)
+        if exported and exported != UNDECLARED_DEVICE:  # the guard's own name, inherited by a child pytest: refused at the read
+            _check_device(exported, f"{SIMULATE_ENV}={exported} (exported)", "fix or unset it, or pass --hwprofile-device=none")
         return
+    config.stash[_SAVED_ENV] = os.environ.get(SIMULATE_ENV)
+    if name.strip().lower() == "none":  # the leg without a device: an exported simulation must not leak into it
+        os.environ.pop(SIMULATE_ENV, None)
+    else:
+        _check_device(name, f"--hwprofile-device={name}", "")
+        os.environ[SIMULATE_ENV] = name
+    _reset_hwprofile()
+
+
+def _check_device(name: str, what: str, fix: str) -> None:
+    """One usage error at start-up for a device hwprofile refuses, instead of one error per test."""
     import hwprofile
     from hwprofile.errors import DeviceError
 
     try:  # through hwprofile.detect: a name an installed plugin's catalog contributes is valid too
         hwprofile.detect({SIMULATE_ENV: name})
     except DeviceError as exc:
-        raise pytest.UsageError(f"--hwprofile-device={name}: {exc}") from None
-    config.stash[_SAVED_ENV] = os.environ.get(SIMULATE_ENV)
-    os.environ[SIMULATE_ENV] = name
-    from hwprofile.profiles import reset
-
-    reset()
+        raise pytest.UsageError(f"{what}: {exc}" + (f"; {fix}" if fix else "")) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -113,16 +127,55 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(SIMULATE_ENV, None)
     else:
         os.environ[SIMULATE_ENV] = before
-    from hwprofile.profiles import reset
+    _reset_hwprofile()
 
-    reset()
+
+_CC = re.compile(r"(?:sm_?)?(\d+)\.?(\d)[af]?")
 
 
 def _parse_cc(s: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(?:sm_?)?(\d+)\.?(\d)[af]?", s.strip().lower())
+    m = _CC.fullmatch(s.strip().lower())
     if not m:
         raise pytest.UsageError(f"hwprofile marker: {s!r} is not a capability; write 'sm_90', 'sm_121' or '9.0'")
     return int(m.group(1)), int(m.group(2))
+
+
+def _mark_problem(mark: pytest.Mark) -> str | None:
+    """What is wrong with a ``hwprofile_arch`` / ``hwprofile_gpu`` mark's arguments, or ``None``.
+
+    ``hwprofile_arch`` needs at least one capability (none skipped the test forever); both take
+    capabilities as positional strings only (a keyword was ignored, ``90`` was an AttributeError).
+    """
+    shown = ", ".join([*map(repr, mark.args), *(f"{k}={v!r}" for k, v in mark.kwargs.items())])
+    call = f"@pytest.mark.{mark.name}({shown})"
+    example = "e.g. 'sm_90', 'sm_121' or '9.0'"
+    if mark.kwargs:
+        return f"{call} takes capabilities as positional strings, not keywords ({', '.join(mark.kwargs)}); {example}"
+    if mark.name == "hwprofile_arch" and not mark.args:
+        return f"{call} names no capability, so the test would never run; name one or more, {example}"
+    for a in mark.args:
+        if not isinstance(a, str):
+            return f"{call}: {a!r} is not a string; write the capability as one, {example}"
+        if not _CC.fullmatch(a.strip().lower()):
+            return f"{call}: {a!r} is not a capability; {example}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every malformed device mark, on every host and before ``-m`` deselects: one usage error listing them.
+
+    At setup a malformed mark was reached only where nothing skipped the test first (a GPU host).
+    """
+    problems = []
+    for item in items:
+        for name in _DEVICE_MARKERS:
+            for mark in item.iter_markers(name):
+                problem = _mark_problem(mark)
+                if problem is not None:
+                    problems.append(f"{item.nodeid}: {problem}")
+    if problems:
+        raise pytest.UsageError("malformed hwprofile marker(s):\n  " + "\n  ".join(dict.fromkeys(problems)))
 
 
 def _device0(real: bool) -> tuple[Any, str]:

@@ -76,6 +76,9 @@ def check_target(path: Path, *, what: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    except NotADirectoryError:
+        why = f"a file is in the way of its directory {path.parent}"
+        raise WriteError(f"cannot write the {what} {path}: {why}; choose another path") from None
     except OSError as exc:
         raise WriteError(f"cannot write the {what} {path}: {exc.strerror}; choose another path") from None
     if stat.S_ISLNK(st.st_mode):
@@ -106,7 +109,14 @@ def atomic_write(path: Path, data: bytes | str, *, what: str, mode: int = 0o644)
     (:func:`ensure_directory`).
     """
     path = Path(path)
-    blob = data.encode() if isinstance(data, str) else data
+    try:
+        blob = data.encode() if isinstance(data, str) else data
+    except UnicodeEncodeError as exc:  # a non-UTF-8 file name (a lone surrogate) quoted in the text
+        bad = exc.object[exc.start : exc.end].encode("utf-8", "backslashreplace").decode("ascii")
+        raise WriteError(
+            f"cannot write the {what} {path}: its text holds {bad}, not valid UTF-8 (a file name of undecodable bytes?); "
+            "rename that file or choose another path"
+        ) from None
     check_target(path, what=what)
     check_directory(path.parent, what=what)
     try:

@@ -588,21 +588,86 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ints(text: str | None) -> list[int] | None:
-    """``"1..16"`` or ``"1,2,4"`` -> list of ints."""
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    """``"1..16"`` or ``"1,2,4"`` -> list of positive ints; anything else is an error naming ``flag``."""
     if not text:
         return None
-    if ".." in text:
-        a, b = text.split("..", 1)
-        return list(range(int(a), int(b) + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
+    try:
+        if ".." in text:
+            a, b = text.split("..", 1)
+            out = list(range(int(a), int(b) + 1))
+        else:
+            out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HwprofileError(f"{flag} {text!r} is invalid: write a range (1..16) or a comma list (1,2,4) of positive integers") from None
+    if not out or min(out) < 1:
+        raise HwprofileError(f"{flag} {text!r} is invalid: it must name at least one size, each a positive integer")
+    return out
+
+
+def _sweep_grid(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """The (M, N, K) points ``--shapes`` / ``--m`` / ``--n`` / ``--k`` ask for, or the op's default grid."""
+    from . import sweep
+
+    grid = sweep.default_grid(args.op)
+    if args.shapes:
+        try:
+            pairs = [tuple(int(x) for x in s.strip().lower().split("x")) for s in args.shapes.split(",")]
+        except ValueError:
+            pairs = []
+        if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+            raise HwprofileError(f"--shapes {args.shapes!r} is invalid: write NxK pairs of positive integers, e.g. 256x7168,512x4096")
+        grid = [(1, n, k) for n, k in pairs]
+    ms, ns, ks = _ints(args.m, "--m"), _ints(args.n, "--n"), _ints(args.k, "--k")
+    if ms or ns or ks:
+        grid = [
+            (m, n, k)
+            for m in (ms or sorted({g[0] for g in grid}))
+            for n in (ns or sorted({g[1] for g in grid}))
+            for k in (ks or sorted({g[2] for g in grid}))
+        ]
+    return grid
+
+
+def _check_tuned_output(out: Path) -> None:
+    """The tuned file and its raw samples (``samples/<name>`` beside it): what :func:`hwprofile.sweep.write` will refuse."""
+    from ._files import check_writable
+    from .tuning import SAMPLES_DIR
+
+    check_writable(out, what="tuned file")
+    check_writable(out.parent / SAMPLES_DIR / out.name, what="sweep samples")
+
+
+def _check_plot(plot: Path, output: Path | None) -> None:
+    """``--plot``: matplotlib importable, a format it writes, a path hwprofile may write (before any measuring)."""
+    from ._files import check_writable
+
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise HwprofileError(
+            f"--plot {plot} needs matplotlib, which cannot be imported here ({exc}); pip install matplotlib, or leave --plot out"
+        ) from None
+    if output is not None and os.path.abspath(plot) == os.path.abspath(output):
+        raise HwprofileError(f"--plot {plot} is also the --output tuned file: the plot would replace it; choose another path")
+    fmt = plot.suffix.lstrip(".").lower() or "png"
+    formats = Figure().canvas.get_supported_filetypes()
+    if fmt not in formats:
+        raise HwprofileError(f"--plot {plot}: matplotlib cannot write .{fmt} files; use one of .{', .'.join(sorted(formats))}")
+    check_writable(plot, what="plot")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-
+    """Everything the user gave (grid, output paths, plot) is checked before the device is touched: a
+    refused path or a missing matplotlib must not end minutes of GPU work."""
     from . import sweep
     from .tuning import tuned_dir
 
+    grid = _sweep_grid(args)
+    if args.output is not None:
+        _check_tuned_output(args.output)
+    if args.plot is not None:
+        _check_plot(args.plot, args.output)
     try:
         prof = _profile(args)
     except DeviceError as exc:
@@ -612,6 +677,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HwprofileError(
             f"sweep times real kernels: {prof.device.name} is simulated (unset {_env.DEVICE.name} / --simulate and run on the GPU)"
         )
+    out = args.output
+    if out is None:
+        out = tuned_dir(prof.device, os.environ) / f"{args.op}.toml"  # no home: an error naming HWPROFILE_CONFIG_DIR
+        _check_tuned_output(out)
     try:
         import torch
     except ImportError:
@@ -620,18 +689,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False")
     if prof.plugin is None or args.op not in prof.kernels:
         raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
-    grid = sweep.default_grid(args.op)
-    if args.shapes:
-        grid = [(1, int(n), int(k)) for n, k in (s.lower().split("x") for s in args.shapes.split(","))]
-    ms, ns, ks = _ints(args.m), _ints(args.n), _ints(args.k)
-    if ms or ns or ks:
-        grid = [
-            (m, n, k)
-            for m in (ms or sorted({g[0] for g in grid}))
-            for n in (ns or sorted({g[1] for g in grid}))
-            for k in (ks or sorted({g[2] for g in grid}))
-        ]
-
     doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70))
     rows = [
         [
@@ -644,7 +701,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
-    out = args.output or tuned_dir(prof.device, os.environ) / f"{args.op}.toml"
     samples = sweep.write(doc, out)
     if samples is not None:
         print(f"wrote {samples} (raw measurements)")
@@ -676,6 +732,17 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
     return n
+
+
+def _user_path(text: str) -> Path:
+    """A path argument with a leading ``~`` / ``~user`` expanded, as for the path variables: ``--output=~/t.toml``
+    reaches hwprofile unexpanded (no shell expands after ``=``) and must not create a literal ``./~``."""
+    from . import _paths
+
+    try:
+        return Path(_paths.expand(text, what=""))
+    except HwprofileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _device_name(text: str) -> str:
@@ -748,16 +815,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n", help="output features: 256,384 or a range")
     s.add_argument("--k", help="input features")
     s.add_argument("--shapes", help="GEMV shapes as NxK,NxK (M = 1)")
-    s.add_argument("--reps", type=int, default=15, help="timed graph replays per point (median)")
+    s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
     s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
-    s.add_argument("--output", type=Path, help="tuned file to write (default: this device's tuned directory)")
-    s.add_argument("--plot", type=Path, help="PNG of latency against M or N with the threshold marked")
+    s.add_argument("--output", type=_user_path, help="tuned file to write (default: this device's tuned directory)")
+    s.add_argument("--plot", type=_user_path, help="PNG of latency against M or N with the threshold marked")
     s.set_defaults(fn=cmd_sweep)
     s = sub.add_parser("new-plugin", help="scaffold an architecture plugin package")
     s.add_argument("name", help="plugin name, e.g. sm89 (distribution hwprofile-<name>)")
     s.add_argument("--capability", required=True, help="exact compute capability served, e.g. 8.9")
     s.add_argument("--target", help="NVRTC target (default sm_<major><minor>)")
-    s.add_argument("--dir", type=Path, help="where to write it (default ./hwprofile-<name>)")
+    s.add_argument("--dir", type=_user_path, help="where to write it (default ./hwprofile-<name>)")
     s.set_defaults(fn=cmd_new_plugin)
     s = sub.add_parser("cache", help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
@@ -776,7 +843,94 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     ``profile()`` (counters start over), unless ``--simulate`` names what ``HWPROFILE_DEVICE`` already
     says, which changes nothing. Only the ``hwprofile`` program itself (``program=True``,
     :func:`console`) points a failed stdout at /dev/null.
+
+    Output never fails on what it prints: a path that is not valid in stdout's encoding (a
+    non-UTF-8 file name, any non-ASCII one on an ASCII terminal) is written as its original bytes or
+    a backslash escape (:func:`_render_errors`). A closed stdout (``hwprofile show >&-``) runs the
+    command, then ends in one line and status 1 if it had anything to print.
     """
+    closed = _ClosedStdout() if sys.stdout is None else None
+    if closed is not None:
+        sys.stdout = closed  # print() writes here, argparse's --version and --help too
+    restore = _render_unencodable(sys.stdout)
+    try:
+        code = _main(argv, program=program)
+    except SystemExit as exc:  # argparse's own exits (--version, --help, a usage error)
+        if closed is not None and closed.written and exc.code in (0, None):
+            raise SystemExit(_closed_stdout_failure()) from None
+        raise
+    finally:
+        restore()
+        if closed is not None:
+            sys.stdout = None
+    if closed is not None and closed.written:
+        failed = _closed_stdout_failure()
+        return code or failed  # a command that failed (doctor's failed check) keeps its own status
+    return code
+
+
+class _ClosedStdout:
+    """What ``sys.stdout`` is while fd 1 is closed (Python sets it to ``None``): remembers whether anything was printed."""
+
+    written = False
+
+    def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _closed_stdout_failure() -> int:
+    return _fail("error: standard output is closed, so the output was not written; run with stdout open or redirect it (> /dev/null)", 1)
+
+
+_RENDER = "hwprofile.render"
+
+
+def _render_errors(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """The codec error handler of the CLI's output: an undecodable byte of a file name (a lone
+    surrogate, as ``os.fsdecode`` makes it) is written back as that byte, like ``surrogateescape``;
+    any other character the encoding lacks becomes a backslash escape, like ``backslashreplace``."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start : exc.end]
+    if all(0xDC80 <= ord(c) <= 0xDCFF for c in bad):
+        return bytes(ord(c) - 0xDC00 for c in bad), exc.end
+    return "".join(c.encode("ascii", "backslashreplace").decode("ascii") for c in bad), exc.end
+
+
+def _render_unencodable(stream: Any) -> Any:
+    """Switch ``stream`` (stdout) from strict errors to :func:`_render_errors`; returns what undoes it."""
+    import codecs
+
+    errors = getattr(stream, "errors", None)
+    if errors != "strict" or not hasattr(stream, "reconfigure"):
+        return lambda: None
+    try:
+        codecs.lookup_error(_RENDER)
+    except LookupError:
+        codecs.register_error(_RENDER, _render_errors)
+    try:
+        stream.reconfigure(errors=_RENDER)
+    except (OSError, ValueError):  # a closed or broken stream: the command's own output path reports it
+        return lambda: None
+
+    def restore() -> None:
+        try:
+            stream.reconfigure(errors=errors)
+        except (OSError, ValueError):
+            pass
+
+    return restore
+
+
+def _main(argv: Sequence[str] | None, *, program: bool) -> int:
+    """:func:`main` without its stdout guards."""
     simulate = None
     simulate_var = _env.DEVICE.name
     before = os.environ.get(simulate_var)  # the caller's raw value, restored below
@@ -835,7 +989,8 @@ def console() -> None:
     except SystemExit as exc:
         code = exc.code
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: fd 1 was closed from the start (main said so)
+            sys.stdout.flush()
     except (OSError, ValueError):
         _silence_stdout()
     sys.exit(code)
@@ -856,9 +1011,11 @@ def _silence_stdout() -> None:
 
 
 def _fail(msg: str, code: int) -> int:
+    if sys.stderr is None:  # fd 2 closed as well: the status is all that can be said
+        return code
     try:
         print(f"hwprofile: {msg}", file=sys.stderr)
-    except OSError:
+    except (OSError, ValueError):
         pass
     return code
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _env
+from .errors import HwprofileError
 
 #: Version of ``hwprofile doctor --json``'s layout (the ``format`` key).
 FORMAT = 1
@@ -175,14 +176,13 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
     """Each device's row of :attr:`Report.devices` (its profile: plugin, target, fingerprint), and the
     profiles whose env defaults are reported: the devices', or with no device one simulated device
     per installed target. A profile that cannot be resolved is a FAIL: the engine's would fail too."""
-    from . import tuning
     from .profiles import profile
 
     out: list[tuple[int | None, str | None, Any]] = []
     problems: list[Check] = []
     for d in det.devices:
         row = {**d.as_dict(), "plugin": None, "plugin_distribution": None, "plugin_version": None, "target": None, "fingerprint": None,
-               "tuned_dir": str(tuning.tuned_dir(d, os.environ)), "error": None}
+               "tuned_dir": _tuned_dir(d), "error": None}
         r.devices.append(row)
         try:
             prof = profile(d.index)
@@ -221,8 +221,6 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
 
 
 def _error_text(exc: BaseException) -> str:
-    from .errors import HwprofileError
-
     return str(exc) if isinstance(exc, HwprofileError) else f"{type(exc).__name__}: {exc}"
 
 
@@ -252,14 +250,27 @@ def _paths(det: Any) -> dict[str, str | None]:
         out["kernel cache"] = f"{kernels.cache_dir(create=False)}{off}"
     except Exception as exc:  # noqa: BLE001 - a refused cache dir is part of the report
         out["kernel cache"] = f"unusable: {exc}"
-    out["config"] = tuning.config_dir(os.environ)
+    try:
+        out["config"] = tuning.config_dir(os.environ)
+    except HwprofileError as exc:  # no home and no HWPROFILE_CONFIG_DIR: no tuned directory is read
+        out["config"] = f"none: {exc}"
     for d in det.devices:
-        out[f"tuned files, device {d.index}"] = str(tuning.tuned_dir(d, os.environ))
+        out[f"tuned files, device {d.index}"] = _tuned_dir(d)
     try:
         out["cuda headers"] = kernels.cuda_headers()[0]
     except Exception as exc:  # noqa: BLE001
         out["cuda headers"] = f"not found ({exc})"
     return out
+
+
+def _tuned_dir(d: Any) -> str | None:
+    """The device's tuned directory, or ``None`` when there is no config dir (the ``config`` path says why)."""
+    from . import tuning
+
+    try:
+        return str(tuning.tuned_dir(d, os.environ))
+    except HwprofileError:
+        return None
 
 
 def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> list[Check]:
@@ -344,7 +355,19 @@ def _cache_check() -> Check:
         path = kernels.cache_dir(create=False)
     except CacheError as exc:
         return Check("kernel cache", "FAIL", str(exc), "see detail")
-    return Check("kernel cache", "OK", f"{path}{'' if path.is_dir() else ' (created on the first compile)'}")
+    if path.is_dir():
+        return Check("kernel cache", "OK", str(path))
+    probe = path.parent
+    while not os.path.lexists(probe) and probe != probe.parent:  # the nearest existing ancestor decides
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):  # a read-only HOME or file system
+        return Check(
+            "kernel cache", "WARN",
+            f"{path} does not exist and cannot be created ({probe} is not writable): kernels run uncached, "
+            "each process compiles them again",
+            f"set {_env.CACHE_DIR.name} to a private directory you can write",
+        )
+    return Check("kernel cache", "OK", f"{path} (created on the first compile)")
 
 
 def _short(value: str, limit: int = _LONG) -> str:

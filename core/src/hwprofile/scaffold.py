@@ -7,7 +7,9 @@ package data, and a test that passes as generated once the package is installed.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -266,11 +268,20 @@ def name_taken(name: str) -> str | None:
 
 
 def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
-    """Write the scaffold into ``directory`` (which must not exist or be empty).
+    """Write the scaffold into ``directory`` (which must not exist, or be an empty directory): whole or not at all.
 
     A ``name`` that :func:`name_taken` says is taken is refused before anything is written: the
-    scaffold would replace (or clash with) that plugin once installed.
+    scaffold would replace (or clash with) that plugin once installed. The package is built in a
+    private temporary sibling (``.<dir>.tmp-*``) and renamed into place, so a full disk or any other
+    write failure leaves no half-written package: the temporary directory is removed and the error
+    names the file and what to do.
     """
+    import errno
+    import shutil
+    import tempfile
+
+    from ._files import ensure_directory
+
     content = files(name, capability, target)
     taken = name_taken(name)
     if taken is not None:
@@ -279,18 +290,60 @@ def write(directory: Path, name: str, capability: str, target: str | None = None
             f"module hwprofile_{name}, and installing it would replace or clash with that plugin. "
             f"Choose a name of your own (e.g. my{name}); to change that plugin itself, edit its source instead"
         )
+    directory = Path(directory)
+    _check_free(directory)
+    ensure_directory(directory.parent.absolute(), what="plugin package")
     try:
-        if directory.exists() and not directory.is_dir():
-            raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")
-        if directory.exists() and any(directory.iterdir()):
-            raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
-        out = []
-        for rel, text in content.items():
-            p = directory / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
-            out.append(p)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name[:100]}.tmp-", dir=directory.parent))
     except OSError as exc:
-        where = exc.filename or directory
-        raise HwprofileError(f"cannot write the plugin into {directory}: {exc.strerror or exc} ({where}); choose another --dir") from exc
-    return out
+        raise HwprofileError(f"cannot write the plugin into {directory}: {exc.strerror or exc}; choose another --dir") from exc
+    where = tmp
+    try:
+        for rel, text in content.items():
+            where = tmp / rel
+            where.parent.mkdir(parents=True, exist_ok=True)
+            _write_new(where, text.encode())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; the package gets the user's usual mode
+        where = directory
+        os.rename(tmp, directory)  # replaces an empty directory; refuses anything else (raced in meanwhile)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if where == directory and exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise HwprofileError(f"{directory} appeared while the plugin was written and is not empty; choose another --dir") from None
+        file = directory / where.relative_to(tmp) if where != directory and where.is_relative_to(tmp) else directory
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = "free some space and run it again" if full else "choose another --dir"
+        raise HwprofileError(
+            f"cannot write the plugin into {directory}: {exc.strerror or exc} (writing {file}); nothing was left behind; {fix}"
+        ) from exc
+    return [directory / rel for rel in content]
+
+
+def _check_free(directory: Path) -> None:
+    """``directory`` must be absent, or an empty directory (not a link to one): the scaffold never mixes with other files."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise HwprofileError(f"cannot write the plugin into {directory}: {exc.strerror or exc}; choose another --dir") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise HwprofileError(f"{directory} is a symbolic link; hwprofile never writes through one: choose another --dir")
+    if not stat.S_ISDIR(st.st_mode):
+        raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")
+    if any(directory.iterdir()):
+        raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` (never an existing file, never through a link), write ``data`` whole and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -331,7 +331,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     """Latency against M (router, linear) or N (GEMV, per K) for kernel and fallback, threshold marked.
 
     The figure is built without pyplot: no backend switch and no figure left registered in the
-    caller's process (a notebook keeps its own backend).
+    caller's process (a notebook keeps its own backend). The format is the suffix's (``.png`` when
+    there is none); the file is written whole through :func:`hwprofile._files.atomic_write`.
     """
     from matplotlib.figure import Figure
 
@@ -365,4 +366,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("GPU time per call, us")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    import io
+
+    from ._files import atomic_write, ensure_directory
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".").lower() or "png", dpi=90)
+    ensure_directory(path.parent, what="plot")
+    atomic_write(path, buf.getvalue(), what="plot")  # never through a link planted at the path, never half written

@@ -38,8 +38,6 @@ op's measurement is.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -470,25 +468,22 @@ def assess(prof: Any, stamp: Stamp) -> Comparison:
 
 
 def config_dir(environ: Mapping[str, str]) -> str:
-    """``HWPROFILE_CONFIG_DIR``, else the user config dir for "hwprofile" as platformdirs defines it.
+    """``HWPROFILE_CONFIG_DIR`` (``~`` expanded), else the user config dir for "hwprofile" as platformdirs defines it.
 
-    On Linux that is the XDG rule (``$XDG_CONFIG_HOME`` or ``~/.config``, then ``hwprofile``),
-    applied here because importing platformdirs costs 3-4 ms of every first ``profile()``; a test
-    checks that both agree. Elsewhere platformdirs decides.
+    The rules (XDG on Linux, a relative ``XDG_CONFIG_HOME`` ignored, a user with no home) are
+    :mod:`hwprofile._paths`'; a user with no home has no config dir (a :class:`SettingError` naming
+    what to set).
     """
-    base = _env.CONFIG_DIR.read(environ)
-    if base is not None:
-        return base
-    if sys.platform == "linux" and "ANDROID_DATA" not in environ:
-        xdg = environ.get("XDG_CONFIG_HOME", "").strip()
-        return os.path.join(xdg or os.path.expanduser("~/.config"), "hwprofile")
-    import platformdirs
+    from . import _paths
 
-    return platformdirs.user_config_dir("hwprofile")
+    return str(_paths.config_root(environ))
 
 
 def tuned_dir(info: DeviceInfo, environ: Mapping[str, str]) -> Path:
-    """Default location of tuned files for a device: ``<config dir>/tuned/<slug of name and sm>/`` (``nvidia-h200-sm-90``)."""
+    """Default location of tuned files for a device: ``<config dir>/tuned/<slug of name and sm>/`` (``nvidia-h200-sm-90``).
+
+    A :class:`SettingError` when there is no config dir (no home, no ``HWPROFILE_CONFIG_DIR``).
+    """
     import re
 
     slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
@@ -499,10 +494,20 @@ def tuned_files(info: DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
     """Tuned files for a device: every ``*.toml`` in its default directory, then ``HWPROFILE_TUNED_FILE`` entries.
 
     Only the directory itself is read: sweep's raw samples live in its ``samples/`` subdirectory.
+    A user with no home and no ``HWPROFILE_CONFIG_DIR`` has no default directory: only the
+    ``HWPROFILE_TUNED_FILE`` entries are read (``hwprofile doctor`` says why). A ``~`` in either
+    variable is expanded; one that cannot be is an error naming the variable.
     """
-    d = tuned_dir(info, environ)
-    files = sorted(d.glob("*.toml")) if d.is_dir() else []
-    files += [Path(p) for p in _env.TUNED_FILE.read(environ)]
+    from . import _paths
+
+    try:
+        d: Path | None = tuned_dir(info, environ)
+    except SettingError:
+        if _env.CONFIG_DIR.read(environ) is not None:
+            raise  # the user's own value could not be expanded: say so
+        d = None  # no home: there is no default tuned directory to read
+    files = sorted(d.glob("*.toml")) if d is not None and d.is_dir() else []
+    files += [Path(_paths.expand(p, environ, what=_env.TUNED_FILE.name)) for p in _env.TUNED_FILE.read(environ)]
     return files
 
 

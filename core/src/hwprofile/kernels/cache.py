@@ -105,13 +105,17 @@ def cache_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the cache lives: ``HWPROFILE_CACHE_DIR`` or ``<user cache dir>/hwprofile/kernels``."""
-    env = _env.CACHE_DIR.read(environ)
-    if env is not None:
-        return Path(env)
-    import platformdirs
+    """Where the cache lives: ``HWPROFILE_CACHE_DIR`` (``~`` expanded) or ``<user cache dir>/hwprofile/kernels``.
 
-    return Path(platformdirs.user_cache_dir("hwprofile")) / "kernels"
+    The user cache dir follows platformdirs and XDG, and has a fallback for a user with no home
+    (:mod:`hwprofile._paths`); a ``~`` that cannot be expanded is a :class:`CacheError` naming the variable.
+    """
+    from .. import _paths
+
+    given = _env.CACHE_DIR.read(environ)
+    if given is not None:
+        return Path(_paths.expand(given, environ, what=_env.CACHE_DIR.name, error=CacheError))
+    return _paths.cache_root(environ) / "kernels"
 
 
 def _foreign(st: os.stat_result) -> bool:
@@ -310,6 +314,7 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
     named = configured_dirs(environ)
     out = Layers()
     opened: list[tuple[Path, int, str]] = []
+    uncreatable = False  # the write layer could not be created: warned once already
     try:
         for i, path in enumerate(named):
             last = i == len(named) - 1
@@ -318,6 +323,11 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
             try:
                 fd = _open_checked(path, create and last)
             except CacheError as exc:
+                if not os.path.lexists(path):
+                    # absent and it cannot be created (a read-only HOME, a full disk): kernels still run, uncached
+                    _warn_once(f"layer:{path}:create", "%s; kernels are compiled but not cached, so each process compiles them again", exc)
+                    uncreatable = True
+                    continue
                 # not a private directory: it may still be a read-only layer (another owner, not writable by others)
                 problem = str(exc)
                 try:
@@ -352,7 +362,7 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
             os.close(fd)
         out.close()
         raise
-    if out.write is None and create:
+    if out.write is None and create and not uncreatable:
         _warn_once(
             "layer:nowrite",
             "no kernel cache layer is writable (%s names none that is a private directory you can write): "

@@ -1,0 +1,142 @@
+"""A real client: the ops inside an engine-shaped step, eager, torch.compile and CUDA graphs, on the GPU.
+
+Two workloads, each run with hwprofile's ops and with the plain torch calls they replace:
+
+* DeepSeek-V3 MoE gate: hidden 7168, 256 experts: router GEMM (fp32 logits), sigmoid, top-8, for
+  M = 1, 2, 4, 8, 16 tokens (hwprofile: ``ops.router_gemm``; torch: ``torch.mm(out_dtype=float32)``).
+* A decode stack (M = 1) of 4 Llama-3-8B-shaped layers: qkv 6144x4096, o 4096x4096, gate_up
+  28672x4096, down 4096x14336 (hwprofile: ``ops.gemv``, which takes its kernel where the sm90 box
+  allows and cuBLAS elsewhere; torch: ``F.linear``).
+
+Modes: ``eager`` (host loop, wall time per step), ``graph`` (one step captured with
+torch.cuda.graph, replays timed with CUDA events), ``compile`` (torch.compile(fullgraph=True),
+inductor, wall time per step) and ``compile+graphs`` (mode="reduce-overhead"). Microseconds per
+step, median of 5 rounds. Writes engine.json to $OUT (or ./out).
+Usage: OUT=dir python3 benchmarks/bench_engine.py (``benchmarks/run_h200.sh engine``, with the wheels installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import hwprofile
+from hwprofile import ops
+
+OUT = Path(os.environ.get("OUT", "out"))
+dev = torch.device("cuda:0")
+torch._dynamo.config.cache_size_limit = 64
+
+
+def gate_hw(h: Any, w: Any) -> Any:
+    return torch.topk(ops.router_gemm(h, w).sigmoid(), 8, dim=-1)
+
+
+def gate_torch(h: Any, w: Any) -> Any:
+    return torch.topk(torch.mm(h, w.t(), out_dtype=torch.float32).sigmoid(), 8, dim=-1)
+
+
+def stack(linear: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    def step(x: Any, *ws: Any) -> Any:
+        for i in range(0, len(ws), 4):
+            qkv = linear(x, ws[i])
+            o = linear(qkv[:, :4096], ws[i + 1])
+            gu = linear(o, ws[i + 2])
+            x = linear(gu[:, :14336], ws[i + 3])
+        return x
+
+    return step
+
+
+def wall(fn: Callable[[], Any], steps: int = 200) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def graph(fn: Callable[[], Any], reps: int = 50) -> float:
+    """Median µs of one CUDA-graph replay of ``fn`` (the sweep's replay timer, after extra warm-up for compiled code)."""
+    from hwprofile.sweep import replay_times
+
+    for _ in range(2):
+        fn()
+    return statistics.median(replay_times(lambda _i: fn(), 1, reps, torch.cuda.current_device()))
+
+
+def measure(
+    name: str, impls: dict[str, Callable[..., Any]], args: tuple[Any, ...], rows: list[dict[str, Any]], modes: tuple[str, ...]
+) -> None:
+    for mode in modes:
+        res: dict[str, float] = {}
+        for impl, fn in impls.items():
+            torch._dynamo.reset()
+            if mode == "eager":
+                res[impl] = statistics.median(wall(lambda f=fn: f(*args)) for _ in range(5))
+            elif mode == "graph":
+                res[impl] = statistics.median(graph(lambda f=fn: f(*args)) for _ in range(3))
+            elif mode == "compile":
+                c = torch.compile(fn, fullgraph=True)
+                res[impl] = statistics.median(wall(lambda f=c: f(*args)) for _ in range(5))
+            else:
+                c = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+                res[impl] = statistics.median(wall(lambda f=c: f(*args)) for _ in range(5))
+        rows.append({"workload": name, "mode": mode, **{f"{k}_us": v for k, v in res.items()}})
+        print(
+            f"{name:22s} {mode:15s} hwprofile {res['hwprofile']:8.2f} us   torch {res['torch']:8.2f} us   "
+            f"x{res['torch'] / res['hwprofile']:4.2f}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    hwprofile.reset()
+    prof = hwprofile.profile(0)
+    print(
+        f"device: {prof.device.name}, plugin {prof.plugin.label if prof.plugin else None}, torch {torch.__version__}, "
+        f"fingerprint {prof.fingerprint}"
+    )
+    rows: list[dict[str, Any]] = []
+    w = torch.randn(256, 7168, device=dev).bfloat16()
+    torch._dynamo.mark_static_address(w)  # a weight, as a module parameter would be: CUDA-graph trees must not copy it per step
+    for m in (1, 2, 4, 8, 16):
+        h = torch.randn(m, 7168, device=dev).bfloat16()
+        print(f"  gate M={m}: {ops.decide('router_gemm', prof, m=m, n=256, k=7168).reason}")
+        modes = ("eager", "graph", "compile", "compile+graphs") if m in (1, 4, 16) else ("eager", "graph")  # compiling costs seconds
+        measure(f"dsv3 gate M={m}", {"hwprofile": gate_hw, "torch": gate_torch}, (h, w), rows, modes)
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)] * 4
+    ws = [torch.randn(n, k, device=dev).bfloat16() * 0.02 for n, k in shapes]
+    for t in ws:
+        torch._dynamo.mark_static_address(t)
+    for n, k in shapes[:4]:
+        print(f"  decode {n}x{k}: {ops.decide('gemv', prof, m=1, n=n, k=k).reason}")
+    x = torch.randn(1, 4096, device=dev).bfloat16()
+    measure(
+        "decode stack 4 layers",
+        {"hwprofile": stack(ops.gemv), "torch": stack(F.linear)},
+        (x, *ws),
+        rows,
+        ("eager", "graph", "compile", "compile+graphs"),
+    )
+    (OUT / "engine.json").write_text(
+        json.dumps({"device": prof.device.name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    main()

@@ -1,0 +1,160 @@
+"""Ops: each a plain function over one contract, routed to its plugin kernel or its torch fallback. Never imports torch at import.
+
+Contracts (every path, kernel or fallback, returns exactly this; facts from ``hwprofile.optable``):
+
+==================  ====================================================  =========================
+op                  inputs                                                output
+==================  ====================================================  =========================
+router_gemm         hidden [..., K] bf16, weight [N, K] bf16              [..., N] **float32**
+linear_bf16_fp32    x [..., K] bf16, w [N, K] bf16                        [..., N] **float32**
+gemv                x [..., K] bf16, w [N, K] bf16                        [..., N] bf16 (fp32 acc.)
+fp8_gemv            x [..., K] bf16, w [N, K] float8_e4m3fn, scale fp32   [..., N] bf16 (fp32 acc.)
+                    ([] / [1] per tensor, or [N] per output row)
+==================  ====================================================  =========================
+
+Every op takes ``out=`` (a preallocated result of exactly that shape and dtype, written and
+returned), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
+K = 0 gives zeros) and strided weights (a row stride other than K: the fallback takes them).
+
+The package, one concern a module:
+
+* ``_dispatch``: :func:`route` (the only place that decides kernel or fallback), the per-device
+  tables and route memos, :func:`decide`, and the eager entry every op calls;
+* ``_fallbacks``: the fallback registry, keyed by the op table;
+* ``_kernel``: operand checks, loading and launching a kernel (never routes);
+* ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``.
+
+Adding an op: one ``OpDef`` in ``hwprofile.optable.OPS``, one entry in ``_fallbacks.FALLBACKS``, one
+short public function below, and a kernel in a plugin; importing this module names any missing
+piece (:func:`_dispatch.missing_pieces`), and tests/ops/ runs its contract suite over the table.
+
+Why the public functions are reached through ``__getattr__`` (PEP 562) until torch is bound:
+1. binding needs torch, and importing this module must not import it (``decide()`` and
+   :func:`route` work without torch);
+2. an op's first call may come inside ``torch.compile``: dynamo would trace a call of
+   :func:`register` and cannot, but it performs attribute lookups for real, so the first
+   ``ops.router_gemm`` lookup binds, defines the custom ops and puts the functions here; later
+   lookups are plain (tests/ops/test_compile.py holds both orders of import).
+If torch is already imported, binding happens at import.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import HwprofileError
+from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
+from . import _dispatch, _kernel, _library
+from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
+from ._fallbacks import FALLBACKS
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "decide", "fallback", "fp8_gemv", "gemv", "linear_bf16_fp32", "register",
+    "reset_dispatch", "route", "router_gemm", "run_kernel",
+]
+
+_call = _dispatch.call
+_ROUTER_GEMM = ENTRIES["router_gemm"]
+_LINEAR_BF16_FP32 = ENTRIES["linear_bf16_fp32"]
+_GEMV = ENTRIES["gemv"]
+_FP8_GEMV = ENTRIES["fp8_gemv"]
+
+
+def router_gemm(hidden: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """MoE router logits: ``hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32`` on every path."""
+    return _call(_ROUTER_GEMM, hidden, weight, None, out)  # type: ignore[no-any-return]
+
+
+def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[..., K] bf16 . w[N, K]^T -> [..., N] float32``; small M may use the plugin kernel."""
+    return _call(_LINEAR_BF16_FP32, x, w, None, out)  # type: ignore[no-any-return]
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode GEMV: ``x[..., K] bf16 . w[N, K]^T -> [..., N] bf16`` with fp32 accumulation (kernel at M = 1)."""
+    return _call(_GEMV, x, w, None, out)  # type: ignore[no-any-return]
+
+
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16``; scale per tensor ([] or [1]) or per row ([N])."""
+    return _call(_FP8_GEMV, x, w, scale, out)  # type: ignore[no-any-return]
+
+
+def _entry(op: str) -> _dispatch._Entry:
+    e = ENTRIES.get(op)
+    if e is None:
+        raise KeyError(f"no op {op!r} in hwprofile's op table; known ops: {', '.join(OPS)}")
+    return e
+
+
+def fallback(op: str) -> Callable[..., Any]:
+    """``op``'s torch fallback on 2-D contract operands (``fallback(op)(x, w[, scale])``): what the op runs off its kernel.
+
+    The same function the ops dispatch to and ``hwprofile sweep`` times against the kernel.
+    """
+    _entry(op)
+    register()
+    return FALLBACKS[op]
+
+
+def run_kernel(op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *,
+               split_k: bool | None = None) -> bool:
+    """Launch ``op``'s plugin kernel on 2-D contract operands of one CUDA device, without routing.
+
+    For sweeps, benchmarks and kernel tests, which must run the kernel also outside the region
+    dispatch sends to it. Every operand is checked (a ValueError names the argument); ``split_k``
+    None takes the profile's ``gemv.split_k``. Returns False, after one warning, when the kernel
+    cannot be built or loaded on this device (``HWPROFILE_STRICT=1``: the error is raised).
+    """
+    _entry(op)
+    register()
+    idx = _kernel.device_index(x, _dispatch._cpu_index) if hasattr(x, "get_device") else -1
+    if idx < 0:
+        raise ValueError(f"{op}: run_kernel needs CUDA tensors, got x on {getattr(x, 'device', type(x).__name__)}")
+    m, n, k, mode = _kernel.check_operands(op, idx, _dispatch._cpu_index, out, x, w, scale)
+    t = _dispatch.table(idx)
+    if op not in t.prof.kernels:
+        raise HwprofileError(f"{op}: {t.prof.plugin.name if t.prof.plugin else 'no architecture plugin'} provides no kernel on cuda:{idx}")
+    return _kernel.launch(t, op, out, x, w, scale, m, n, k, mode, split_k)
+
+
+# The public functions, hidden until register() binds torch (the module docstring says why).
+_PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, linear_bf16_fp32, gemv, fp8_gemv)}
+del router_gemm, linear_bf16_fp32, gemv, fp8_gemv
+
+_missing = missing_pieces(OPS, FALLBACKS, _PUBLIC)  # _dispatch checked the fallbacks; here, the public functions
+if _missing:
+    raise HwprofileError("hwprofile.ops: the op table is incomplete: " + "; ".join(_missing))
+
+
+def register() -> None:
+    """Bind torch, define ``torch.ops.hwprofile.<op>`` for every op and expose the public ops here (idempotent; imports torch)."""
+    if not _library.registered():
+        _library.register()
+    globals().update(_PUBLIC)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'hwprofile.ops' has no attribute {name!r}")
+    register()
+    return globals()[name]
+
+
+if TYPE_CHECKING:  # for type checkers: the public ops as declared above
+    router_gemm = _PUBLIC["router_gemm"]
+    linear_bf16_fp32 = _PUBLIC["linear_bf16_fp32"]
+    gemv = _PUBLIC["gemv"]
+    fp8_gemv = _PUBLIC["fp8_gemv"]
+
+if "torch" in sys.modules:  # torch is already paid for: register now
+    register()

@@ -1,0 +1,174 @@
+"""The import graph has the pipeline's shape: no circle, counting imports inside functions, and each layer
+imports only what lies below it (device -> plugins -> settings/tuning -> profile -> kernels -> ops, tools on top).
+
+Imports under ``if TYPE_CHECKING:`` are left out: they never run, so they cannot close a circle at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import hwprofile
+
+PKG = Path(hwprofile.__file__).parent
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _modules(pkg_dir: Path, pkg: str) -> dict[str, Path]:
+    """Every module of the package at ``pkg_dir`` by dotted name (a package by its own name)."""
+    out = {}
+    for p in sorted(pkg_dir.rglob("*.py")):
+        rel = p.relative_to(pkg_dir).with_suffix("")
+        parts = [pkg, *rel.parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import that can run: at module level, in functions and classes; not under ``if TYPE_CHECKING:``."""
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` (file ``path``) imports anywhere it can run.
+
+    ``from pkg import sub`` (``sub`` a module) counts ``pkg.sub`` only: Python imports a package
+    before any of its modules, whoever asks, so that is no edge of this module's; ``from pkg import
+    name`` (a name ``pkg/__init__.py`` defines) counts ``pkg``, which must then be fully imported.
+    """
+    is_pkg = path.name == "__init__.py"
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    out: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            base = here[: len(here) - node.level + 1] if node.level else []
+            mod = ".".join([*base, *([node.module] if node.module else [])])
+            subs = [f"{mod}.{a.name}" for a in node.names]
+            targets = [t for t in subs if t in known]
+            if len(targets) < len(subs):  # a name the module itself defines (or a star import)
+                targets.append(mod)
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def graph_of(pkg_dir: Path, pkg: str) -> dict[str, set[str]]:
+    mods = _modules(pkg_dir, pkg)
+    return {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+GRAPH = graph_of(PKG, "hwprofile")
+
+
+def test_a_sibling_module_is_not_an_import_of_the_package(tmp_path: Path) -> None:
+    """``from . import sub`` imports ``sub``; ``from . import NAME`` (defined in ``__init__``) imports the package."""
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\nNAME = 1\n")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("def f():\n    from . import NAME\n")
+    assert graph_of(pkg, "p") == {"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p"}}
+
+
+def test_the_graph_sees_function_level_imports() -> None:
+    """The reader itself: an import inside a function counts, one under TYPE_CHECKING does not."""
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\ndef f():\n    from .c import x\n"
+    tree = ast.parse(src)
+    found = {n.module for n in _import_nodes(tree) if isinstance(n, ast.ImportFrom)}
+    assert found == {"typing", "c"}
+
+
+def test_no_import_circle() -> None:
+    circles = sorted(m for m in GRAPH if m in reachable(GRAPH, m))
+    assert not circles, f"modules on an import circle (function-level imports counted): {circles}"
+
+
+@pytest.mark.parametrize("low", ["hwprofile.device", "hwprofile.catalog"])
+def test_detection_never_reaches_profiles(low: str) -> None:
+    bad = reachable(GRAPH, low) & {"hwprofile.profiles", "hwprofile.registry", "hwprofile.settings"}
+    assert not bad, f"{low} imports {sorted(bad)}: detection sits below plugins, settings and profiles"
+
+
+def test_kernels_never_reach_settings_registry_or_ops() -> None:
+    for mod in (m for m in GRAPH if m.startswith("hwprofile.kernels")):
+        bad = {m for m in reachable(GRAPH, mod) if m.split(".")[1:2] in (["settings"], ["registry"], ["ops"], ["profiles"])}
+        assert not bad, f"{mod} imports {sorted(bad)}: the kernel pipeline sits below settings, registry, profiles and ops"
+
+
+def test_errors_imports_no_hwprofile_module() -> None:
+    """Every module imports errors: one import there closes a circle with all of them."""
+    assert not GRAPH["hwprofile.errors"]
+
+
+def test_env_imports_only_errors() -> None:
+    """Every layer reads its control variables from _env, so it sits at the bottom with errors."""
+    assert GRAPH["hwprofile._env"] == {"hwprofile.errors"}
+
+
+def test_kernels_face_is_the_pipelines() -> None:
+    """hwprofile.kernels' lazy face (a PEP 562 ``__getattr__``, the deferred import of the pipeline) names
+    exactly ``_pipeline``'s public names, and each resolves."""
+    import hwprofile.kernels
+    from hwprofile.kernels import _pipeline
+
+    assert hwprofile.kernels.__all__ == _pipeline.__all__
+    for name in hwprofile.kernels.__all__:
+        assert getattr(hwprofile.kernels, name) is getattr(_pipeline, name)
+
+
+PLUGIN_PACKAGES = sorted(p for p in (ROOT / "plugins").glob("*/src/*") if (p / "__init__.py").exists())
+
+
+def test_plugin_packages_are_found() -> None:
+    assert {p.name for p in PLUGIN_PACKAGES} >= {"hwprofile_sm90", "hwprofile_sm100", "hwprofile_sm120"}
+
+
+@pytest.mark.parametrize(
+    "pkg_dir",
+    PLUGIN_PACKAGES,
+    ids=lambda p: p.name,
+)
+def test_plugins_import_only_the_plugin_api(pkg_dir: Path) -> None:
+    """A plugin builds on ``hwprofile.plugin`` (and ``hwprofile``) only: what else it reached into could change under it."""
+    allowed = {"hwprofile", "hwprofile.plugin"}
+    for name, path in _modules(pkg_dir, pkg_dir.name).items():
+        for node in _import_nodes(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if not node.level else []
+            for m in mods:
+                if m == "hwprofile" or m.startswith("hwprofile."):
+                    assert m in allowed, f"{name} imports {m}: plugins import only hwprofile.plugin (and hwprofile)"

@@ -1,0 +1,68 @@
+"""Exceptions a user can hit. Each message says what went wrong, where, and what to do.
+
+Never imports another hwprofile module, not even for the type checker: every module imports this
+one, so any import here would put it in an import circle with all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HwprofileError(Exception):
+    """Base class of every error hwprofile raises on purpose."""
+
+
+class DeviceError(HwprofileError, LookupError):
+    """A device index or simulated-device name that does not exist."""
+
+
+class PluginError(HwprofileError):
+    """A plugin failed to import, broke a hook contract, or conflicts with another plugin."""
+
+
+class SettingError(HwprofileError, ValueError):
+    """A setting value (from a plugin, a tuned file or the environment) is undeclared or invalid."""
+
+
+class KernelError(HwprofileError):
+    """A kernel could not be compiled, loaded or launched."""
+
+
+class KernelCompileError(KernelError):
+    """NVRTC rejected a kernel; the message carries the NVRTC log."""
+
+
+class ToolchainError(KernelError):
+    """NVRTC, the CUDA headers or the driver are missing or too old for the target."""
+
+
+class CacheError(KernelError):
+    """The kernel cache cannot be used (a shared, foreign or unusable directory, a bad HWPROFILE_CACHE)."""
+
+
+class WriteError(HwprofileError, OSError):
+    """A file hwprofile writes for the user (a tuned file, sweep output, a new plugin) could not be written whole.
+
+    The previous file is left as it was; the message names the file and what to do.
+    """
+
+
+class AgreementError(HwprofileError):
+    """The ranks of a torch.distributed group resolved different profiles, or not all of them took part.
+
+    Raised on every rank that called :func:`hwprofile.distributed.check_agreement`. ``differences``
+    names each differing key with the values, provenance and ranks holding them; ``missing`` lists
+    the ranks that had not called it when a timeout or a failed collective ended the wait; ``ranks``
+    holds the per-rank summaries when they were gathered (for a table).
+    """
+
+    def __init__(
+        self, message: str, *, differences: tuple[Any, ...] = (), missing: tuple[int, ...] = (), ranks: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        #: :class:`hwprofile.distributed.Difference` objects (typed ``Any`` here: this module imports nothing).
+        self.differences: tuple[Any, ...] = differences
+        self.missing: tuple[int, ...] = missing
+        #: :class:`hwprofile.distributed.RankSummary` objects.
+        self.ranks: tuple[Any, ...] = ranks

@@ -1,0 +1,201 @@
+"""Launch planning for the shared skinny-GEMM kernel bodies (``include/hwprofile/gemv.cuh``); never launches.
+
+Architecture plugins describe their SM (multiprocessor count, shared memory per block, largest
+portable cluster, the prefix of their entry points) in an :class:`ArchTuning` and get the four op
+kernels (router GEMM, fp32-output linear, bf16 GEMV, FP8 GEMV) as :class:`~hwprofile.kernels.KernelSpec`
+objects whose ``configure`` picks tile sizes and the split-K factor for a shape. Each plugin's
+source declares the entry points its plans name, ``<prefix>_skinny_mma`` and ``<prefix>_gemv_simt``,
+with static_asserts for its SM's limits (``HWP_SKINNY_GEMM_ENTRY_POINTS`` of
+``hwprofile/skinny_entry.cuh`` writes both; sm90 declares only ``hwp90_gemv_simt``, its fp32-output
+kernel is its own); the dynamic shared memory is checked here.
+
+A plugin with kernels of its own for some of these ops (hwprofile-sm90) plans them itself and still
+takes the pre-built shapes (:data:`PREBUILT_SHAPES`) and instance lists (:func:`prebuilt_instances`)
+from here. Plugins reach all of it through :mod:`hwprofile.plugin`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from types import MappingProxyType
+from typing import Final
+
+from .. import optable
+from .._record import Record, _set, final
+from ..optable import NO_SCALE
+from .spec import KernelSpec, Launch
+
+Shape = tuple[int, int, int]  # (M, N, K)
+
+
+@final
+class ArchTuning(Record):
+    """Per-SM constants the launch plan depends on (defaults measured on the H200, see benchmarks/)."""
+
+    __slots__ = (
+        "sm_count", "max_shared_bytes", "max_cluster", "prefix", "mma_warps", "mma_nt", "mma_unroll",
+        "mma_blocks_per_sm", "simt_warps", "simt_rows", "simt_unroll", "fp8_unroll", "simt_split_below",
+    )
+
+    #: Multiprocessors on the SM generation's reference card.
+    sm_count: int
+    #: Opt-in shared memory per block, bytes.
+    max_shared_bytes: int
+    #: Largest portable thread-block cluster.
+    max_cluster: int
+    #: Entry points ``<prefix>_skinny_mma`` / ``<prefix>_gemv_simt`` in the plugin's source.
+    prefix: str
+    #: Tensor-core kernel (fp32 out, M <= 16): warps per block, each one n8 tile ...
+    mma_warps: int
+    #: ... n8 tiles per warp ...
+    mma_nt: int
+    #: ... and K chunks per batch.
+    mma_unroll: int
+    #: Split K over a cluster until the grid has this many blocks per SM.
+    mma_blocks_per_sm: float
+    #: SIMT kernel (M = 1): warps per block ...
+    simt_warps: int
+    #: ... rows per warp ...
+    simt_rows: int
+    #: ... 16-byte vectors per row per batch (bf16) ...
+    simt_unroll: int
+    #: ... and for FP8.
+    fp8_unroll: int
+    #: Split K in 2 when the grid has fewer blocks per SM than this.
+    simt_split_below: float
+
+    def __init__(
+        self,
+        sm_count: int,
+        max_shared_bytes: int,
+        max_cluster: int = 8,
+        prefix: str = "hwp",
+        mma_warps: int = 8,
+        mma_nt: int = 1,
+        mma_unroll: int = 4,
+        mma_blocks_per_sm: float = 1.4,
+        simt_warps: int = 4,
+        simt_rows: int = 2,
+        simt_unroll: int = 4,
+        fp8_unroll: int = 2,
+        simt_split_below: float = 3.0,
+    ) -> None:
+        _set(self, "sm_count", sm_count)
+        _set(self, "max_shared_bytes", max_shared_bytes)
+        _set(self, "max_cluster", max_cluster)
+        _set(self, "prefix", prefix)
+        _set(self, "mma_warps", mma_warps)
+        _set(self, "mma_nt", mma_nt)
+        _set(self, "mma_unroll", mma_unroll)
+        _set(self, "mma_blocks_per_sm", mma_blocks_per_sm)
+        _set(self, "simt_warps", simt_warps)
+        _set(self, "simt_rows", simt_rows)
+        _set(self, "simt_unroll", simt_unroll)
+        _set(self, "fp8_unroll", fp8_unroll)
+        _set(self, "simt_split_below", simt_split_below)
+
+
+def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: int, split_k: bool) -> Launch:
+    """Kernel, tiles and split-K for one call; pure, so it is tested on the CPU for every architecture.
+
+    fp32 output (router GEMM, small-M linear) takes the tensor-core kernel; bf16 output at M = 1
+    (GEMV, FP8 GEMV) takes the SIMT kernel, whose row-contiguous loads stream HBM best.
+    """
+    if not 1 <= m <= 16:
+        raise ValueError(f"the skinny-GEMM kernels take 1 <= M <= 16, got M={m}")
+    vec = 16 if fp8 else 8
+    if k % vec:
+        raise ValueError(f"K={k} must be a multiple of {vec} for 16-byte loads")
+    tout = "float" if out == "float" else "__nv_bfloat16"
+    f8 = "true" if fp8 else "false"
+    if out == "float" and not fp8:
+        rows = 8 * t.mma_nt
+        groups = -(-n // rows)
+        chunks = -(-k // 32)
+        ksplit = 1
+        if split_k:
+            while ksplit < t.max_cluster and groups * ksplit < t.mma_blocks_per_sm * t.sm_count and chunks >= 2 * ksplit * t.mma_warps:
+                ksplit *= 2
+        mt = 1 if m <= 8 else 2
+        expr = f"{t.prefix}_skinny_mma<{f8}, {tout}, {mt}, {t.mma_warps}, {t.mma_nt}, {ksplit}, {t.mma_unroll}, {scale}>"
+        return Launch(expr, (groups, ksplit, 1), (t.mma_warps * 32, 1, 1), 0)
+    if m != 1:
+        raise ValueError(f"the bf16-output GEMV kernels take M = 1, got M={m}")
+    rows = t.simt_warps * t.simt_rows
+    groups = -(-n // rows)
+    ksplit = 2 if split_k and groups < t.simt_split_below * t.sm_count and k // vec >= 64 else 1
+
+    def x_slice(ks: int) -> int:  # bytes of x each block stages in shared memory
+        return -(-(k // vec) // ks) * (2 if fp8 else 1) * 16
+
+    while split_k and x_slice(ksplit) > t.max_shared_bytes and ksplit < t.max_cluster:
+        ksplit *= 2  # a wider cluster split shrinks the slice until it fits
+    smem = x_slice(ksplit)
+    if smem > t.max_shared_bytes:
+        raise ValueError(f"x slice of {smem} bytes exceeds this SM's {t.max_shared_bytes} bytes of shared memory (K={k}, split-K {ksplit})")
+    unroll = t.fp8_unroll if fp8 else t.simt_unroll
+    expr = f"{t.prefix}_gemv_simt<{f8}, {tout}, 1, {t.simt_warps}, {t.simt_rows}, {ksplit}, {unroll}, {scale}>"
+    return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
+
+
+#: Decode GEMVs (M = 1): the projection shapes of common models (wider than the op table's sweep grids).
+GEMV_SHAPES: Final[tuple[Shape, ...]] = tuple(
+    (1, n, k)
+    for n, k in ((2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168))
+)
+#: The ops the family's kernels compute, each with the (M, N, K) shapes whose instances ``hwprofile
+#: compile`` pre-builds (other shapes compile on first use). A registry of the family's own: which ops
+#: its kernels compute is no fact of the op table (an op's dtypes do not say what it computes). The
+#: fp32-output ops pre-build their sweep grid (M = 1..16 at the router / linear widths); the GEMVs
+#: the projection shapes of common models, bf16 and FP8 weights alike.
+PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType(
+    {"router_gemm": optable.get("router_gemm").grid, "linear_bf16_fp32": optable.get("linear_bf16_fp32").grid,
+     "gemv": GEMV_SHAPES, "fp8_gemv": GEMV_SHAPES}
+)
+
+
+def _doc(d: optable.OpDef) -> str:
+    """A family kernel's one-line description, from the op's dtypes."""
+    if d.out_dtype == "float32":
+        return f"skinny GEMM on tensor cores (mma.sync), M = 1..16: {d.x_dtype} x {d.w_dtype} -> float32"
+    weights = "FP8 e4m3 weights, per-tensor or per-row scale" if d.scaled else f"{d.w_dtype} weights"
+    return f"SIMT GEMV, M = 1: {weights}, fp32 accumulation -> {d.out_dtype}"
+
+
+def prebuilt_instances(op: str, configure: Callable[..., Launch], shapes: tuple[Shape, ...] | None = None) -> tuple[str, ...]:
+    """The sorted, distinct name expressions ``configure`` plans for ``op``'s pre-built shapes.
+
+    ``configure`` is called as a :class:`~hwprofile.kernels.KernelSpec`'s is: ``m=, n=, k=, split_k=``,
+    plus ``scale=`` for each of the op's scale modes when the op table says the op is scaled; every
+    shape with split-K on and off. ``shapes`` defaults to ``PREBUILT_SHAPES[op]``.
+    """
+    d = optable.get(op)  # scale modes: declared once, in the op table
+    todo = PREBUILT_SHAPES[op] if shapes is None else shapes
+    exprs = {
+        configure(m=m, n=n, k=k, split_k=sk, **({"scale": sc} if d.scaled else {})).name_expression
+        for m, n, k in todo
+        for sc in d.scale_modes
+        for sk in (True, False)
+    }
+    return tuple(sorted(exprs))
+
+
+def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] | None = None) -> list[KernelSpec]:
+    """The op kernels of the skinny-GEMM family for one SM (``ops``, default every op of :data:`PREBUILT_SHAPES`).
+
+    ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call; the pre-built
+    instances are :func:`prebuilt_instances` of it.
+    """
+    specs = []
+    for op in tuple(PREBUILT_SHAPES) if ops is None else ops:
+        d = optable.get(op)  # dtypes and scale modes: declared once, in the op table
+        if op not in PREBUILT_SHAPES:
+            raise ValueError(f"the skinny-GEMM family has no kernel for op {op!r}; it computes {', '.join(PREBUILT_SHAPES)}")
+        configure = partial(_configure, t, d.scaled, d.kernel_out)
+        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure), configure, doc=_doc(d)))
+    return specs
+
+
+def _configure(t: ArchTuning, fp8: bool, out: str, *, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE) -> Launch:
+    return plan(t, m=m, n=n, k=k, fp8=fp8, out=out, scale=scale, split_k=split_k)

@@ -1,0 +1,248 @@
+"""Kernel specs: what a plugin declares about a kernel (source, instances, launch plan), and its source digest.
+
+The bottom of the kernel pipeline: never imports another stage (toolchain, cache, launch), so that
+resolving a profile, which collects the specs and digests their sources, loads none of the compile,
+cache and launch machinery. A digest that must cover the CUDA headers gets them passed in
+(``source_digest(toolchain.include_dirs())``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import _state
+from .._record import Record, _set, final
+from ..errors import PluginError
+
+if TYPE_CHECKING:  # what collect_kernels reads of the registry, as protocols: no import of it, so no circle
+    from collections.abc import Iterable
+    from typing import Protocol
+
+    from ..device import DeviceInfo
+
+    class _Plugin(Protocol):
+        """What :func:`collect_kernels` reads of a ``registry.PluginInfo`` (a protocol, so this module
+        imports nothing of the registry and no import circle runs through it)."""
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def distribution(self) -> str | None: ...
+        @property
+        def version(self) -> str | None: ...
+        @property
+        def label(self) -> str: ...
+
+
+    class _Selection(Protocol):
+        @property
+        def plugin(self) -> Any: ...
+        @property
+        def target(self) -> str | None: ...
+
+
+    class _Registry(Protocol):
+        def call_layers(self, hook: str, participants: Iterable[Any], **kwargs: Any) -> Iterable[tuple[Any, Any]]: ...
+        def participants(self, selected: Any, hook: str) -> list[Any]: ...
+
+
+OWN_INCLUDE = str(Path(__file__).parent.parent / "include")  # hwprofile/include: the headers plugins include as <hwprofile/...>
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+@final
+class Launch(Record):
+    """How to launch one kernel instance: its template name expression, grid, block, dynamic smem, PDL."""
+
+    __slots__ = ("name_expression", "grid", "block", "shared_bytes", "pdl")
+
+    #: The instance, as NVRTC names it: ``"hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0>"``.
+    name_expression: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    #: Dynamic shared memory per block, in bytes; above 48 KiB the launcher opts in first.
+    shared_bytes: int
+    #: Launch with programmatic stream serialization (programmatic dependent launch): the kernel may
+    #: start while its predecessor on the stream finishes. Only for kernels that execute
+    #: ``griddepcontrol.wait`` before touching anything a predecessor may write.
+    pdl: bool
+
+    def __init__(self, name_expression: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int = 0,
+                 pdl: bool = False) -> None:
+        _set(self, "name_expression", name_expression)
+        _set(self, "grid", grid)
+        _set(self, "block", block)
+        _set(self, "shared_bytes", shared_bytes)
+        _set(self, "pdl", pdl)
+
+
+@final
+class KernelSpec(Record):
+    """A kernel a plugin contributes: CUDA C++ source shipped as package data, plus how to launch it.
+
+    ``instances`` are the template name expressions ``hwprofile compile`` pre-builds, one NVRTC
+    program and cache entry each (the entry a first launch of that instance would write);
+    ``configure(**shape)`` returns the :class:`Launch` for a call (a name expression not among
+    ``instances`` is compiled on its first use, and cached the same way).
+    """
+
+    __slots__ = ("op", "package", "source", "instances", "configure", "options", "doc", "plugin", "distribution_version")
+
+    #: The op it implements (``"router_gemm"``); a higher-priority plugin's spec replaces a lower one's.
+    op: str
+    #: The importable package that ships the source as package data.
+    package: str
+    #: The source's path inside ``package``: ``"kernels/sm90_gemv.cu"``.
+    source: str
+    instances: tuple[str, ...]
+    #: ``configure(**shape) -> Launch``; pure, so launch plans are tested on the CPU.
+    configure: Callable[..., Launch]
+    #: Extra NVRTC options (part of the cache key).
+    options: tuple[str, ...]
+    doc: str
+    #: Filled in by hwprofile when it collects the spec: the plugin's name and ``"<distribution> <version>"``.
+    plugin: str
+    distribution_version: str
+
+    def __init__(
+        self, op: str, package: str, source: str, instances: tuple[str, ...], configure: Callable[..., Launch],
+        options: tuple[str, ...] = (), doc: str = "", plugin: str = "", distribution_version: str = "",
+    ) -> None:
+        _set(self, "op", op)
+        _set(self, "package", package)
+        _set(self, "source", source)
+        _set(self, "instances", instances)
+        _set(self, "configure", configure)
+        _set(self, "options", options)
+        _set(self, "doc", doc)
+        _set(self, "plugin", plugin)
+        _set(self, "distribution_version", distribution_version)
+
+    def source_path(self) -> Path:
+        """Filesystem path of the source; an error says which package data is missing."""
+        p = _package_dir(self.package)
+        if p is None:
+            raise PluginError(f"plugin {self.plugin}: kernel {self.op!r} names package {self.package!r}, which is not importable") from None
+        p = p / self.source
+        if not p.is_file():
+            raise PluginError(
+                f"plugin {self.plugin}: kernel {self.op!r} source {self.source!r} is missing from package {self.package!r}; "
+                "ship it as package data ([tool.setuptools.package-data] in the plugin's pyproject.toml)"
+            )
+        return Path(str(p))
+
+    def read_source(self) -> str:
+        return self.source_path().read_text()
+
+    def source_digest(self, include_dirs: Sequence[str] = (OWN_INCLUDE,)) -> str:
+        """SHA-256 of the source and every header it includes: changes when the kernel code changes.
+
+        Headers are searched in ``include_dirs``, then the spec's own ``-I`` options. The default,
+        hwprofile's own headers, leaves the CUDA headers out: cheap enough for the profile
+        fingerprint and the stamps, and it imports nothing CUDA. Pass
+        :func:`hwprofile.kernels.include_dirs` (hwprofile's, then the CUDA headers NVRTC compiles
+        against) to cover those too.
+        """
+        dirs = (*include_dirs, *option_values(self.options, "-I", "--include-path", glued=True))
+        return _source_digest(str(self.source_path()), dirs)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "plugin": self.plugin,
+            "package": self.package,
+            "source": self.source,
+            "instances": len(self.instances),
+            "doc": self.doc,
+        }
+
+
+def collect_kernels(reg: _Registry, selection: _Selection, info: DeviceInfo) -> dict[str, KernelSpec]:
+    """Kernel specs for a device: the selected arch plugin's, then downstream ones (higher wins by op)."""
+    assert selection.target is not None
+    out: dict[str, KernelSpec] = {}
+    p: _Plugin
+    kernel_participants = reg.participants(selection.plugin, "hwprofile_kernels")
+    for p, specs in reg.call_layers("hwprofile_kernels", kernel_participants, device=info, target=selection.target):
+        if specs is not None and (isinstance(specs, (str, bytes, dict)) or not hasattr(specs, "__iter__")):
+            raise PluginError(f"plugin {p.label}: hwprofile_kernels must return a list of hwprofile.KernelSpec, got {type(specs).__name__}")
+        for spec in specs or ():
+            if not isinstance(spec, KernelSpec):
+                raise PluginError(
+                    f"plugin {p.label}: hwprofile_kernels must return hwprofile.KernelSpec objects, got {type(spec).__name__}"
+                )
+            spec = spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}")
+            spec.source_path()  # a missing source is the plugin author's error: report it now, by name
+            out[spec.op] = spec
+    return out
+
+
+def _package_dir(package: str) -> Path | None:
+    """Directory of an installed package (plugins are plain directories; zipped ones go through
+    importlib.resources, which costs ~10 ms to import and is not needed otherwise)."""
+    import importlib
+    import sys
+
+    try:
+        module = sys.modules.get(package) or importlib.import_module(package)
+    except ImportError:
+        return None
+    file = getattr(module, "__file__", None)
+    if file and Path(file).parent.is_dir():
+        return Path(file).parent
+    from importlib import resources
+
+    return Path(str(resources.files(package)))
+
+
+def option_values(options: Sequence[str], short: str, long: str, *, glued: bool) -> list[str]:
+    """Values of ``short v`` / ``long v`` / ``long=v`` (and ``-Xv`` if ``glued``) in an NVRTC option list."""
+    out, it = [], iter(options)
+    for o in it:
+        if o in (short, long):
+            out.append(next(it, ""))
+        elif o.startswith(long + "="):
+            out.append(o[len(long) + 1 :])
+        elif glued and o.startswith(short):
+            out.append(o[len(short) :])
+    return [v for v in out if v]
+
+
+def _resolve_include(name: str, dirs: Sequence[str]) -> Path | None:
+    for d in dirs:
+        p = Path(d) / name
+        if p.is_file():
+            return p
+    return None
+
+
+@cache
+def _source_digest(path: str, dirs: tuple[str, ...]) -> str:
+    """SHA-256 over the source and, transitively, the content of every header found in ``dirs``."""
+    import hashlib  # not at import: profile() should not pay for it unless it digests
+
+    h = hashlib.sha256()
+    seen: set[Path] = set()
+    todo = [Path(path)]
+    search = (str(Path(path).parent), *dirs)
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        text = p.read_bytes()
+        h.update(str(p.name).encode() + b"\0" + hashlib.sha256(text).digest())
+        for inc in _INCLUDE_RE.findall(text.decode(errors="replace")):
+            found = _resolve_include(inc, (str(p.parent), *search))
+            if found is not None:
+                todo.append(found)
+            else:
+                h.update(b"<builtin>" + inc.encode())
+    return h.hexdigest()
+
+
+_state.on_reset(_source_digest.cache_clear)

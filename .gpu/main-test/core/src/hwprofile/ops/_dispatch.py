@@ -1,0 +1,493 @@
+"""Dispatch: the routing function, per-device tables, route memos, the eager front. Never imports torch at import.
+
+:func:`route` is the only place that decides kernel or fallback. Its inputs are read once per
+device into a :class:`_Route` per op (thresholds and bounds from the profile, availability of the
+kernel, deterministic mode), so a decision is a few integer comparisons; the ops remember its answer
+per (device, M, N, K) in their entry's memo, and :func:`decide` turns it into words.
+
+:func:`call` is every public op's eager entry. The common call (2-D operands of the contract dtypes
+on one device, no ``out``) is checked and routed inline, with a few tensor attribute reads and one
+memo lookup: the target is at most 1.2 µs over the fallback (the design guide, section 6), and
+benchmarks/RESULTS.md (Current, "eager fallback path") has the op's own cost at 0.99-1.40 µs on the
+H200 and +1.26 to +3.61 µs end to end on host-bound shapes: not met. Anything else goes through
+:func:`general`, which validates (errors name the argument), flattens batch dimensions and fills
+``out``. Under ``torch.compile``
+:func:`call` hands the call to the op's ``torch.ops.hwprofile.<op>`` custom op (``_library``).
+
+A kernel that fails to build or load warns once and the op falls back from then on
+(``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, final
+
+from .. import _env, _state
+from .. import profiles as _profile_mod
+from ..errors import HwprofileError
+from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
+from ..profiles import Profile, profile
+from . import _kernel
+from ._fallbacks import FALLBACKS
+
+if TYPE_CHECKING:
+    from typing import Literal
+
+    Path = Literal["kernel", "fallback"]  #: where a Decision sends a call
+
+#: test seam: the device index CPU tensors are routed as (-1: CPU tensors always take the fallback).
+#: Tests set it to 0 together with a fake ``_kernel.launch`` to drive every gate through the public ops.
+_cpu_index: int = -1
+
+
+@final
+class Decision:
+    """Which path an op takes for a shape, and why (what :func:`decide` returns: for tests, logs and engines)."""
+
+    __slots__ = ("gate", "op", "path", "reason")
+
+    op: str
+    path: Path  #: "kernel" | "fallback"
+    reason: str  #: in words, naming the setting or bound that decided
+    gate: str | None  #: the gate that sent the call to the fallback (None: kernel); see :func:`route`
+
+    def __init__(self, op: str, path: Path, reason: str, gate: str | None = None) -> None:
+        self.op, self.path, self.reason, self.gate = op, path, reason, gate
+
+    def __repr__(self) -> str:
+        return f"Decision({self.op!r}, {self.path!r}, {self.reason!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Decision) and (self.op, self.path, self.reason) == (other.op, other.path, other.reason)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@final
+class _Route:
+    """One op's dispatch facts on one device, resolved from the profile once (plain ints)."""
+
+    __slots__ = (
+        "counts",
+        "k_multiple",
+        "max_k",
+        "max_m",
+        "max_n",
+        "min_k",
+        "min_n",
+        "n_multiple",
+        "off",
+        "op",
+        "roof_hi",
+        "roof_lo",
+        "who",
+    )
+
+    def __init__(self, op: OpDef, prof: Profile) -> None:
+        settings: Any = prof  # Profile[key] is the setting's value, typed Any (bounds are read as int below)
+
+        def val(b: int | str) -> int:
+            return b if isinstance(b, int) else int(settings[b])
+
+        self.op = op
+        self.who = prof.plugin.name if prof.plugin else "no architecture plugin"
+        self.off: str | None = None  #: "deterministic" | "no_kernel" | "failed" | None
+        if prof["deterministic"]:
+            self.off = "deterministic"
+        elif op.name not in prof.kernels:
+            self.off = "no_kernel"
+        self.max_m, self.min_n, self.max_n = val(op.max_m), val(op.min_n), val(op.max_n)
+        self.n_multiple = val(op.n_multiple)
+        self.min_k, self.max_k = val(op.min_k), val(op.max_k)
+        self.k_multiple = math.lcm(val(op.k_multiple), op.k_vec)  # the kernels' 16-byte loads need k_vec too
+        self.roof_lo, self.roof_hi = (val(op.roof[0]), val(op.roof[1])) if op.roof else (0, 0)
+        self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
+
+
+def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
+    """The routing function: ``None`` (take the kernel) or the name of the first gate that says no.
+
+    Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
+    ``no_kernel``, ``failed`` (the kernel did not build or load here), ``m``, ``n``,
+    ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback is near the bandwidth
+    roof), ``layout`` (an operand is not contiguous or not 16-byte aligned; checked only when
+    ``operands`` are given). Bounds are those of the measured region: outside it, the fallback.
+    """
+    if not (m and n and k):
+        return "empty"
+    if r.off is not None:
+        return r.off
+    if m > r.max_m:
+        return "m"
+    if n < r.min_n or n > r.max_n:
+        return "n"
+    if n % r.n_multiple:
+        return "n_multiple"
+    if k < r.min_k or k > r.max_k:
+        return "k"
+    if k % r.k_multiple:
+        return "k_multiple"
+    if r.roof_lo <= n < r.roof_hi:
+        return "roof"
+    if operands is not None and _misplaced(operands):
+        return "layout"
+    return None
+
+
+def _misplaced(operands: tuple[Any, ...]) -> bool:
+    """True if an operand (None: absent) is not contiguous or not 16-byte aligned: the kernels cannot take it."""
+    return any(t is not None and (not t.is_contiguous() or t.data_ptr() % 16) for t in operands)
+
+
+def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
+    """Words for :func:`route`'s answer, naming the setting behind each bound."""
+    op = r.op
+
+    def name(b: int | str, what: str) -> str:
+        return f"{b}" if isinstance(b, str) else f"the {op.name} kernel's {what}"
+
+    region = f"M <= {r.max_m}, N in [{r.min_n}, {r.max_n}], K in [{r.min_k}, {r.max_k}]"
+    if gate is None:
+        return f"M={m}, N={n}, K={k} inside the measured region of the {op.name} kernel ({region})"
+    if gate == "empty":
+        return f"empty problem (M={m}, N={n}, K={k}): nothing to launch; the result is {'zeros' if m and n else 'empty'}"
+    if gate == "deterministic":
+        return f"deterministic mode ({_env.DETERMINISTIC.name}) keeps ops on their fallback"
+    if gate == "no_kernel":
+        return f"{r.who} provides no {op.name} kernel for this device"
+    if gate == "failed":
+        strict = _env.STRICT.name
+        return f"the {op.name} kernel failed to build or load in this process (warned once); set {strict}=1 to see the error raised"
+    if gate == "m":
+        if isinstance(op.max_m, int):
+            return f"M={m}: the {op.name} kernel takes M <= {r.max_m} only"
+        return f"M={m} > {op.max_m}={r.max_m}"
+    if gate == "n":
+        return f"N={n} outside [{r.min_n}, {r.max_n}] ({name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}): not measured"
+    if gate == "n_multiple":
+        return f"N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
+    if gate == "k":
+        return f"K={k} outside [{r.min_k}, {r.max_k}] ({name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}): not measured"
+    if gate == "k_multiple":
+        return f"K={k} is not a multiple of {r.k_multiple} ({name(op.k_multiple, 'K multiple')}, and 16-byte loads need {op.k_vec})"
+    if gate == "roof":
+        lo, hi = op.roof or ("", "")
+        return f"N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
+    if gate == "layout":
+        return "an operand is not contiguous or not 16-byte aligned (e.g. a padded weight row stride): the fallback takes it"
+    raise AssertionError(f"unknown gate {gate!r}")
+
+
+@final
+class _Table:
+    """Everything dispatch needs for one device, resolved once per profile."""
+
+    __slots__ = ("index", "launches", "prof", "routes", "split_k", "strict")
+
+    def __init__(self, prof: Profile) -> None:
+        self.prof = prof
+        self.index = prof.device.index
+        self.strict = bool(prof["strict"])
+        self.split_k = bool(prof["gemv.split_k"])
+        self.routes = {name: _Route(op, prof) for name, op in OPS.items()}
+        self.launches: dict[tuple[Any, ...], Callable[..., None]] = {}  # (op, m, n, k, scale mode, split) -> launcher
+
+    @property
+    def failed(self) -> set[str]:
+        """Ops whose kernel failed to build or load on this device."""
+        return {name for name, r in self.routes.items() if r.off == "failed"}
+
+    def fail(self, op: str) -> None:
+        """``op``'s kernel cannot be built or loaded here: route it to the fallback from now on."""
+        self.routes[op].off = "failed"
+        _forget(op)
+
+
+@final
+class _Entry:
+    """One op at run time: its table entry, fallback, memo, and the torch objects ``bind`` resolves once."""
+
+    __slots__ = ("custom", "fallback", "memo", "name", "op", "out_dtype", "scaled", "w_dtype", "x_dtype")
+
+    def __init__(self, op: OpDef, fallback: Callable[..., Any]) -> None:
+        self.op, self.name, self.fallback = op, op.name, fallback
+        self.memo: dict[tuple[int, int, int, int], tuple[_Table, _Route, str | None]] = {}  # see _remember
+        self.x_dtype: Any = None  # torch dtypes and the custom op, bound by bind()
+        self.w_dtype: Any = None
+        self.out_dtype: Any = None
+        self.custom: Any = None  # torch.ops.hwprofile.<op>.default, bound by _library.define()
+        self.scaled = op.scaled
+
+    def bind(self, torch: Any) -> None:
+        op = self.op
+        self.x_dtype, self.w_dtype, self.out_dtype = (getattr(torch, d) for d in (op.x_dtype, op.w_dtype, op.out_dtype))
+
+
+def missing_pieces(
+    table: dict[str, OpDef], fallbacks: dict[str, Callable[..., Any]], public: dict[str, Callable[..., Any]] | None = None
+) -> list[str]:
+    """What an op of the table lacks to run (a fallback; a public function, if ``public`` is given), in words."""
+    out = []
+    for name in table:
+        if name not in fallbacks:
+            out.append(f"op {name!r} has no fallback: add it to hwprofile.ops._fallbacks.FALLBACKS")
+        if public is not None and name not in public:
+            out.append(f"op {name!r} has no public function: define hwprofile.ops.{name}()")
+    out += [f"hwprofile.ops._fallbacks.FALLBACKS has {n!r}, not in the op table (optable.OPS)" for n in fallbacks if n not in table]
+    return out
+
+
+_missing = missing_pieces(OPS, FALLBACKS)
+if _missing:  # refuse to import rather than route an op to nothing (or to another op's fallback)
+    raise HwprofileError("hwprofile.ops: the op table is incomplete: " + "; ".join(_missing))
+
+#: op name -> its run-time entry, one per op of the op table
+ENTRIES: dict[str, _Entry] = {name: _Entry(op, FALLBACKS[name]) for name, op in OPS.items()}
+
+_tables: dict[int, _Table] = {}
+_tables_lock = threading.RLock()
+_generation = 0  # bumped (under _tables_lock) whenever tables or memos are dropped; see _remember
+_profiles = _profile_mod._profiles
+_MEMO_SIZE: Final = 4096  # distinct (device, M, N, K) remembered per op before the memo starts over
+
+
+@_state.in_forked_child
+def _reinit_locks_in_child() -> None:
+    global _tables_lock
+    # a thread of the parent may have held it at the fork (a table build waits on profile()); it
+    # does not exist in the child, which must still route
+    _tables_lock = threading.RLock()
+
+
+def table(index: int) -> _Table:
+    """Device ``index``'s dispatch table, rebuilt when its profile changed (the memos go with the old one)."""
+    t = _tables.get(index)
+    if t is None or t.prof is not _profiles.get(index):
+        with _tables_lock:
+            t = _tables.get(index)
+            if t is None or t.prof is not _profiles.get(index):
+                if t is not None:
+                    _forget()  # memo entries hold the replaced table
+                t = _Table(profile(index))
+                _tables[index] = t
+    return t
+
+
+def _forget(op: str | None = None) -> None:
+    """Drop the routing memos (of ``op``, or all) so that no entry computed before survives."""
+    global _generation
+    with _tables_lock:
+        _generation += 1
+        for name, e in ENTRIES.items():
+            if op is None or name == op:
+                e.memo.clear()
+
+
+@_state.on_reset
+def reset_dispatch() -> None:
+    """Forget dispatch tables and routing memos (``hwprofile.reset()`` calls it)."""
+    with _tables_lock:
+        _tables.clear()
+        _forget()
+
+
+def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
+    """The path ``op`` takes on ``prof``'s device for an ``[m, k] x [n, k]`` problem, with the reason.
+
+    It is :func:`route` on the same per-device facts the ops use (contiguous, aligned operands
+    assumed), so it also reports a kernel that failed to load in this process.
+    """
+    for dim, v in (("m", m), ("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"decide({op!r}): {dim} must be an int >= 0, got {v!r}")
+    t = _tables.get(prof.device.index)
+    if t is None or t.prof is not prof:
+        t = _Table(prof)
+    r = t.routes.get(op)
+    if r is None:
+        raise KeyError(f"no op {op!r}; known ops: {', '.join(OPS)}")
+    gate = route(r, m, n, k)
+    return Decision(op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate)
+
+
+# --- the eager path --------------------------------------------------------------------------------
+
+_F32: Any = None  # torch.float32, bound by bind()
+
+
+def _not_bound() -> bool:
+    raise AssertionError("hwprofile.ops: an op ran before register()")  # unreachable: the ops are reached through __getattr__
+
+
+_compiling: Callable[[], bool] = _not_bound  # torch.compiler.is_compiling once bound
+
+
+def bind(torch: Any) -> None:
+    """Bind the torch objects the eager path compares with (``hwprofile.ops.register`` calls it once)."""
+    global _F32, _compiling
+    _F32 = torch.float32
+    for e in ENTRIES.values():
+        e.bind(torch)
+    _compiling = torch.compiler.is_compiling
+
+
+def _remember(e: _Entry, idx: int, m: int, n: int, k: int) -> tuple[_Table, _Route, str | None]:
+    """Look up device ``idx``'s table and :func:`route` (without operands) for one shape, and remember them.
+
+    The entry is stored only if no reset, table rebuild or kernel failure dropped the memos while it
+    was computed (another thread): an entry of a dropped table would otherwise outlive the reset.
+    """
+    gen = _generation
+    t = table(idx)
+    r = t.routes[e.name]
+    hit = (t, r, route(r, m, n, k))
+    with _tables_lock:
+        if gen == _generation:
+            if len(e.memo) >= _MEMO_SIZE:
+                e.memo.clear()
+            e.memo[(idx, m, n, k)] = hit
+    return hit
+
+
+def _one_device(x: Any, w: Any, scale: Any) -> int:
+    """The device index a call runs on, or -1 if the operands are not on one device the ops route."""
+    i = x.get_device()
+    if i >= 0:
+        return i if w.get_device() == i and (scale is None or scale.get_device() == i) else -1
+    # CPU tensors count only under the test seam, and only when all are CPU (a meta tensor is also -1)
+    return _cpu_index if x.is_cpu and w.is_cpu and (scale is None or scale.is_cpu) else -1
+
+
+def _dispatch(e: _Entry, idx: int, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, out: Any) -> Any:
+    """Route a checked 2-D call on device ``idx``, then run the kernel or the fallback.
+
+    The operands are those of the contract ([M, K] and [N, K] on one device, contract dtypes);
+    ``out`` is a contiguous [M, N] result for the kernel to write, or None. The layout gate depends
+    on the operands and is checked here by the helper :func:`route` uses.
+    """
+    hit = e.memo.get((idx, m, n, k))
+    t, r, gate = hit if hit is not None else _remember(e, idx, m, n, k)
+    if gate is None:
+        if not (x.is_cuda or idx == _cpu_index) or _misplaced((x, w, scale, out)):  # a pointer the kernel cannot take
+            gate = "layout"
+        else:
+            res = out if out is not None else x.new_empty((m, n), dtype=e.out_dtype)
+            if _kernel.launch(t, e.name, res, x, w, scale, m, n, k, mode):
+                r.counts["kernel"] += 1
+                return res
+    r.counts["fallback"] += 1
+    if gate == "empty":
+        return x.new_zeros((m, n), dtype=e.out_dtype)
+    return e.fallback(x, w) if scale is None else e.fallback(x, w, scale)
+
+
+def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
+    """Every public op's eager entry: the common call inline, the rest through :func:`general`, compiled through the custom op."""
+    if out is None and not _compiling():
+        try:
+            m, k = x.shape
+            n, wk = w.shape
+            idx = x.get_device()
+            if e.scaled:
+                ss = scale.shape
+                s0 = ss[0] if len(ss) == 1 else -1  # -1: not a 1-D scale (never a size)
+                mode = TENSOR_SCALE if not ss or s0 == 1 else ROW_SCALE if s0 == n else NO_SCALE
+                if idx < 0 or w.get_device() != idx or scale.get_device() != idx:
+                    idx = _one_device(x, w, scale)
+                fast = mode and scale.dtype is _F32
+            else:
+                mode = NO_SCALE
+                if idx < 0 or w.get_device() != idx:
+                    idx = _one_device(x, w, None)
+                fast = scale is None
+            fast = fast and k == wk and x.dtype is e.x_dtype and w.dtype is e.w_dtype and idx >= 0
+        except (AttributeError, ValueError, TypeError):
+            fast = False
+        if fast:  # the fallback side inline (the host-bound case); the kernel side through _dispatch
+            hit = e.memo.get((idx, m, n, k))
+            _, r, gate = hit if hit is not None else _remember(e, idx, m, n, k)
+            if gate is None:
+                return _dispatch(e, idx, x, w, scale, m, n, k, mode, None)
+            r.counts["fallback"] += 1
+            if gate == "empty":
+                return x.new_zeros((m, n), dtype=e.out_dtype)
+            return e.fallback(x, w) if scale is None else e.fallback(x, w, scale)
+    if _compiling():
+        res = e.custom(x, w) if scale is None else e.custom(x, w, scale)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+    return general(e, x, w, scale, out)
+
+
+def validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int, int, int]:
+    """Check the arguments against the op's contract; returns (M, N, K, scale mode). Errors name the argument."""
+    import torch
+
+    xn, wn = op.args[0], op.args[1]
+    for name, t in ((xn, x), (wn, w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op.name}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dtype != getattr(torch, op.x_dtype):
+        raise ValueError(f"{op.name}: {xn} must be torch.{op.x_dtype}, got {x.dtype}")
+    if w.dtype != getattr(torch, op.w_dtype):
+        raise ValueError(f"{op.name}: {wn} must be torch.{op.w_dtype}, got {w.dtype}")
+    if w.dim() != 2:
+        raise ValueError(f"{op.name}: {wn} must have 2 dimensions [N, K], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"{op.name}: {xn} must be [..., K] with K={k} (from {wn} {tuple(w.shape)}), got {tuple(x.shape)}")
+    dev = x.device
+    if w.device != dev:
+        raise ValueError(f"{op.name}: {wn} is on {w.device} but {xn} is on {dev}; put them on one device")
+    m = math.prod(x.shape[:-1])
+    mode = NO_SCALE
+    if op.scaled:
+        sn = op.args[2]
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+            raise ValueError(f"{op.name}: {sn} must be a float32 tensor, got {getattr(scale, 'dtype', type(scale).__name__)}")
+        if scale.device != dev:
+            raise ValueError(f"{op.name}: {sn} is on {scale.device} but {xn} is on {dev}; put them on one device")
+        if scale.numel() == 1 and scale.dim() <= 1:
+            mode = TENSOR_SCALE
+        elif scale.dim() == 1 and scale.numel() == n:
+            mode = ROW_SCALE
+        else:
+            raise ValueError(
+                f"{op.name}: {sn} must have 1 element (per tensor) or N={n} elements (per row), got shape {tuple(scale.shape)}"
+            )
+    elif scale is not None:
+        raise TypeError(f"{op.name}: takes no scale, got {type(scale).__name__}")
+    if out is not None:
+        want = (*x.shape[:-1], n)
+        if not isinstance(out, torch.Tensor) or out.dtype != getattr(torch, op.out_dtype) or tuple(out.shape) != want or out.device != dev:
+            got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{op.name}: out must be torch.{op.out_dtype} of shape {want} on {dev}, got {got}")
+    return m, n, k, mode
+
+
+def general(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
+    """The general eager path: validate (errors name the argument), flatten batch dims, dispatch, fill ``out``."""
+    m, n, k, mode = validate(e.op, x, w, scale, out)
+    x2 = x if x.dim() == 2 else x.reshape(m, k)
+    idx = x.get_device()
+    if idx < 0:
+        idx = _cpu_index
+    if idx < 0:  # CPU tensors: torch's own implementation, no dispatch table
+        if not (m and n and k):
+            res = x2.new_zeros((m, n), dtype=e.out_dtype)
+        else:
+            res = e.fallback(x2, w) if scale is None else e.fallback(x2, w, scale)
+    else:
+        o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
+        res = _dispatch(e, idx, x2, w, scale, m, n, k, mode, o2)
+        if res is o2:
+            return out
+    if out is not None:
+        out.copy_(res.view(out.shape))
+        return out
+    return res if x2 is x else res.view(*x.shape[:-1], n)

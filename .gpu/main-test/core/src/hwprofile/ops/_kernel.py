@@ -1,0 +1,125 @@
+"""The kernel path of an op: operand checks, loading through ``hwprofile.kernels``, launching. Never routes.
+
+Routing (whether a call takes the kernel) is ``_dispatch``'s; this module only runs a kernel it is
+handed, on a dispatch table it is handed (``_dispatch._Table``: the profile, the loaded launchers,
+strict mode). ``hwprofile.ops.run_kernel`` is the public, checked seam over it for sweep, benchmarks
+and tests; :func:`launch` is the test seam CPU tests replace with a fake launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import KernelError
+from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
+
+if TYPE_CHECKING:
+    from ._dispatch import _Table
+
+#: the kernels' C signature: (out, x, w, scale, M, N, K); every plugin kernel of every op takes it
+ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+
+_current_raw_stream: Any = None  # torch._C._cuda_getCurrentRawStream (what Triton uses: no Stream object), bound lazily
+
+
+def raw_stream(index: int) -> int:
+    """Handle of torch's current stream on ``index`` (so graph capture records the launch)."""
+    global _current_raw_stream
+    if _current_raw_stream is None:
+        import torch
+
+        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return int(_current_raw_stream(index))
+
+
+def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: bool) -> Callable[..., None] | None:
+    """The launcher of ``op``'s kernel for a shape (memoised per table); None after one warning if it cannot load.
+
+    A ctypes call of cuLaunchKernel was measured against cuda-python's on the H200 host: 11.08 vs
+    11.09 µs per launch (the driver's own cost dominates), so launches stay with ``hwprofile.kernels``.
+    """
+    from .. import kernels
+
+    spec = t.prof.kernels[op]
+    try:
+        plan = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": scale_mode} if OPS[op].scaled else {}))
+        target = t.prof.target
+        if target is None:
+            raise KernelError(f"{op}: the profile of device {t.index} has no NVRTC target")
+        kern = kernels.load(spec, target, plan, t.index, ARG_TYPES)
+    except KernelError as exc:
+        if t.strict:
+            raise
+        t.fail(op)
+        warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=5)
+        return None
+
+    def go(stream: int, *args: int) -> None:
+        kern.launch(plan, stream, args)
+
+    t.launches[(op, m, n, k, scale_mode, split_k)] = go
+    return go
+
+
+def launch(
+    t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, split_k: bool | None = None
+) -> bool:
+    """Launch ``op``'s kernel on checked operands; False (after one warning) if it cannot be built or loaded.
+
+    ``split_k`` None takes the profile's ``gemv.split_k``. The launcher seam: CPU tests replace it
+    with a fake that computes the result in torch.
+    """
+    split = t.split_k if split_k is None else split_k
+    go = t.launches.get((op, m, n, k, mode, split)) or _load(t, op, m, n, k, mode, split)
+    if go is None:
+        return False
+    go(raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k)
+    return True
+
+
+def device_index(x: Any, cpu_index: int) -> int:
+    """``x``'s CUDA device index, or ``cpu_index`` for a CPU tensor (the CPU test seam; -1 outside tests)."""
+    i = int(x.get_device())
+    return i if i >= 0 else cpu_index
+
+
+def check_operands(op: str, index: int, cpu_index: int, out: Any, x: Any, w: Any, scale: Any) -> tuple[int, int, int, int]:
+    """The gate of direct kernel calls: ``(M, N, K, scale mode)``, or a ValueError naming the argument."""
+    import torch
+
+    d = OPS[op]
+    for name, tensor in (("out", out), ("x", x), ("w", w)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
+            got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(f"{op}: {name} must be a 2-D torch.Tensor for the kernel, got {got}")
+    if d.scaled and scale is None:
+        raise ValueError(f"{op}: the kernel needs a float32 scale ([1] per tensor or [N] per row)")
+    if not d.scaled and scale is not None:
+        raise ValueError(f"{op}: takes no scale")
+    (m, k), n = x.shape, w.shape[0]
+    want: dict[str, tuple[Any, Any, tuple[int, int] | None]] = {
+        "out": (out, getattr(torch, d.out_dtype), (m, n)),
+        "x": (x, getattr(torch, d.x_dtype), (m, k)),
+        "w": (w, getattr(torch, d.w_dtype), (n, k)),
+    }
+    if scale is not None:
+        want["scale"] = (scale, torch.float32, None)
+    for name, (tensor, dtype, shape) in want.items():
+        if tensor.dtype != dtype:
+            raise ValueError(f"{op}: {name} must be {dtype}, got {tensor.dtype}")
+        if shape is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{op}: {name} must have shape {shape}, got {tuple(tensor.shape)}")
+    for name, (tensor, _, _) in want.items():
+        if device_index(tensor, cpu_index) != index:
+            raise ValueError(f"{op}: {name} must be on cuda:{index}, got {tensor.device}")
+        if not tensor.is_contiguous() or tensor.data_ptr() % 16:
+            raise ValueError(f"{op}: {name} must be contiguous and 16-byte aligned for the kernel")
+    if scale is not None and scale.numel() not in (1, n):
+        raise ValueError(f"{op}: scale must have 1 or {n} elements, got {scale.numel()}")
+    if not (m and n and k):
+        raise ValueError(f"{op}: the kernel needs M, N, K >= 1, got M={m}, N={n}, K={k}; empty problems take the fallback")
+    mode = NO_SCALE if scale is None else TENSOR_SCALE if scale.numel() == 1 else ROW_SCALE
+    return m, n, k, mode

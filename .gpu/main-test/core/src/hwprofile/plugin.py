@@ -1,0 +1,194 @@
+"""The plugin-author API: everything a hwprofile plugin and its tests import, from one module.
+
+Never imports torch, CUDA or the kernel pipeline's compiler stages at import: plugins are imported
+while the first ``profile()`` runs, so this module imports only the light records and tables
+(``kernels.spec``, ``kernels.skinny_gemm``, ``optable``, ``catalog``, ``tuning``) that resolving needs. What is not exported here (or from
+``hwprofile``) is internal and may change without notice; every module of the shipped plugins
+imports only this module and ``hwprofile`` (``tests/package/test_import_graph.py`` holds it).
+
+    from hwprofile.plugin import ArchSpec, DeviceInfo, EnvDefault, Setting, Value, hookimpl
+
+The hooks a plugin implements, and their contracts, are in :mod:`hwprofile.hookspecs`.
+
+Records and the hook marker:
+
+* ``hookimpl``: marks a plugin's hook implementations.
+* ``ArchSpec``: what an architecture plugin claims (exact capabilities -> NVRTC target) and says about it.
+* ``PluginInfo``: an installed plugin as the registry saw it (name, distribution, version, module).
+* ``DeviceInfo``: the device a hook is asked about.
+* ``CatalogEntry``: a simulated device a plugin contributes (``hwprofile_catalog``).
+* ``Setting``: a setting a plugin declares in its own namespace; ``Value``: a value with its reason
+  (and, for a measured threshold, its :class:`Stamp`); ``EnvDefault``: a proposed environment variable.
+* ``KernelSpec``: a kernel a plugin contributes (source, pre-built instances, ``configure``);
+  ``Launch``: what ``configure`` returns for one call.
+
+Op facts, read from hwprofile's op table (``hwprofile.optable``, the one place they are declared):
+
+* ``OPS``: every op by name (an :class:`OpDef` each), in table order; read it, never change it.
+* ``OpDef``: one op's contract, gates, fallback identity and sweep grid.
+* ``op_def(name)``: the op called ``name``; an unknown name is a ``KeyError`` listing the known ones.
+* ``NO_SCALE``, ``TENSOR_SCALE``, ``ROW_SCALE``: the scale modes (``OpDef.scale_modes``), which are
+  the kernels' ``SCALE`` template argument and the ``scale=`` a ``configure`` receives.
+
+The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwprofile.kernels.skinny_gemm``):
+
+* ``ArchTuning``: one SM's planning constants (SM count, shared memory, cluster size, entry-point prefix).
+* ``kernel_specs(package, source, tuning)``: the family's op kernels for one SM (every op of
+  ``PREBUILT_SHAPES``), ready to return from ``hwprofile_kernels``.
+* ``plan_skinny_gemm(tuning, m=, n=, k=, fp8=, out=, scale=, split_k=)``: the family's launch for one
+  call, for a plugin that routes some shapes to the family and others to kernels of its own.
+* ``PREBUILT_SHAPES``: the ops the family computes, each with the (M, N, K) shapes whose instances
+  ``hwprofile compile`` pre-builds.
+* ``prebuilt_instances(op, configure)``: the name expressions ``configure`` plans for those shapes
+  (every scale mode of the op, split-K on and off): a ``KernelSpec``'s ``instances``.
+
+Measured thresholds:
+
+* ``Stamp``: what a threshold was measured against: the ``[stamp]`` of a sweep file.
+* ``shipped_stamp(package, file, op=None)``: the ``[stamp]`` of a sweep file a plugin ships as
+  package data, exactly as ``hwprofile sweep OP`` wrote it: the fallback it records is the one the
+  sweep measured, so the value goes stale at run time when hwprofile's fallback for the op changes.
+
+For a plugin's tests:
+
+* ``simulated_device(capability)``: a simulated device of an exact capability (no GPU, no NVML).
+* ``profile_for(device)``: a profile from the installed plugins, uncached, without the machine's environment.
+* ``compile_kernel(spec, target)``: compile every instance of a spec with NVRTC (no GPU needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from . import _state
+from .catalog import CatalogEntry
+from .device import DeviceInfo
+from .errors import PluginError, SettingError
+from .hookspecs import hookimpl
+from .kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, kernel_specs, prebuilt_instances
+from .kernels.skinny_gemm import plan as plan_skinny_gemm
+from .kernels.spec import KernelSpec, Launch, _package_dir
+from .optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
+from .optable import get as op_def
+from .registry import ArchSpec, PluginInfo
+from .settings import EnvDefault, Setting, Value
+from .tuning import Stamp, read_tuned
+
+if TYPE_CHECKING:
+    from .kernels import CompiledKernel
+    from .profiles import Profile
+
+__all__ = [
+    "NO_SCALE",
+    "OPS",
+    "PREBUILT_SHAPES",
+    "ROW_SCALE",
+    "TENSOR_SCALE",
+    "ArchSpec",
+    "ArchTuning",
+    "CatalogEntry",
+    "DeviceInfo",
+    "EnvDefault",
+    "KernelSpec",
+    "Launch",
+    "OpDef",
+    "PluginInfo",
+    "Setting",
+    "Stamp",
+    "Value",
+    "compile_kernel",
+    "hookimpl",
+    "kernel_specs",
+    "op_def",
+    "plan_skinny_gemm",
+    "prebuilt_instances",
+    "profile_for",
+    "shipped_stamp",
+    "simulated_device",
+]
+
+
+_shipped: dict[tuple[str, str], Stamp] = {}  # shipped_stamp per (package, file); reset() clears it
+
+
+@_state.on_reset
+def _forget_shipped_stamps() -> None:
+    _shipped.clear()
+
+
+def shipped_stamp(package: str, file: str, *, op: str | None = None) -> Stamp:
+    """The ``[stamp]`` of a sweep file that plugin ``package`` ships: what its measured thresholds were measured against.
+
+    ``file`` is a path inside the package (``"measured/gemv.toml"``), shipped as package data: the
+    ``[stamp]`` (with ``[stamp.fallback]``) and ``[thresholds]`` tables that ``hwprofile sweep OP``
+    wrote, copied as they are (the raw measurements may stay out). The fallback identity is the
+    measurement's, never the op table's: when hwprofile's fallback for the op changes, the value is
+    reported stale at run time, whichever core the plugin is installed beside. ``op``, when given,
+    is the op the file's stamp must name (a sweep file copied under the wrong name is an error).
+
+    Call it from a hook (``hwprofile_settings``), not at import: it reads the file on the first
+    call and remembers the stamp per (package, file) until ``hwprofile.reset()``. A package that
+    is not importable, a missing file or one without a complete ``[stamp]`` or ``[thresholds]`` is
+    a :class:`~hwprofile.errors.PluginError` naming the package and the file, and saying what to do.
+    """
+    found = _shipped.get((package, file))
+    if found is None:
+        found = _shipped[(package, file)] = _read_shipped_stamp(package, file)
+    if op is not None and found.op != op:
+        raise PluginError(
+            f"plugin package {package!r}: sweep file {file!r} holds the stamp of op {found.op!r}, not {op!r}; "
+            f"ship the file 'hwprofile sweep {op}' wrote there"
+        )
+    return found
+
+
+def _read_shipped_stamp(package: str, file: str) -> Stamp:
+    pkg = _package_dir(package)
+    if pkg is None:
+        raise PluginError(f"shipped_stamp({package!r}, {file!r}): package {package!r} is not importable; pass the plugin's own __name__")
+    path = pkg / file
+    if not path.is_file():
+        raise PluginError(
+            f"plugin package {package!r} ships no sweep file {file!r} (looked for {path}): copy the [stamp] and [thresholds] "
+            "that 'hwprofile sweep OP --output FILE' wrote there, and ship it as package data "
+            "([tool.setuptools.package-data] in the plugin's pyproject.toml)"
+        )
+    try:
+        stamp, _ = read_tuned(path)
+    except SettingError as exc:
+        why = str(exc).removeprefix(f"tuned file {path}: ")
+        raise PluginError(
+            f"plugin package {package!r}, sweep file {file!r} ({path}): {why}, and ship its [stamp] and [thresholds] as this file"
+        ) from None
+    return stamp
+
+
+def simulated_device(capability: tuple[int, int], name: str | None = None, *, index: int = 0) -> DeviceInfo:
+    """A simulated device of an exact compute capability, for a plugin's tests (no GPU, no NVML)."""
+    major, minor = capability
+    return DeviceInfo(index, name or f"simulated sm_{major}{minor}", (major, minor), simulated=True)
+
+
+def profile_for(device: DeviceInfo, environ: Mapping[str, str] | None = None) -> Profile:
+    """Resolve a profile for ``device`` from the installed plugins, uncached.
+
+    ``environ`` stands in for the process environment (default: empty, so no user ``HWPROFILE_*``
+    variable, pin or disable list of the machine running the tests leaks into them). Each call loads
+    the entry points afresh, so a plugin installed since the last call takes part.
+    """
+    from .profiles import build_profile
+    from .registry import Registry
+
+    env = {} if environ is None else environ
+    return build_profile(device, Registry(env).load_entry_points(), env)
+
+
+def compile_kernel(spec: KernelSpec, target: str) -> CompiledKernel:
+    """Compile every instance of ``spec`` for ``target`` with NVRTC, through the kernel cache (no GPU needed).
+
+    Needs ``hwprofile[cu13]`` (or ``[cu12]``): a missing NVRTC is a ``ToolchainError`` that says so.
+    """
+    from .kernels import compile_spec
+
+    return compile_spec(spec, target)

@@ -1,0 +1,296 @@
+"""``hwprofile new-plugin``: a working architecture-plugin package from nothing.
+
+The generated package is the one ``docs/writing-a-plugin.md`` walks through (a test keeps the two
+identical): pyproject with the entry point, hook implementations, a sample kernel shipped as
+package data, and a test that passes as generated once the package is installed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from . import _env
+from .errors import HwprofileError
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_MAX_NAME = 64  # becomes a directory, a distribution and a module name: keep it well inside every filesystem's limit
+_TARGET = re.compile(r"^sm_\d{2,3}[af]?\Z")
+#: The plugins this project ships (``plugins/<name>``, distribution ``hwprofile-<name>``): a scaffold
+#: must never take one of their names, installed here or not, or installing it would replace ours.
+SHIPPED_PLUGINS = ("sm90", "sm100", "sm120")
+
+PYPROJECT = '''[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "hwprofile-{name}"
+version = "0.1.0"
+description = "hwprofile architecture plugin for compute capability {major}.{minor} ({target})"
+readme = "README.md"
+requires-python = ">=3.11"
+# The hwprofile minor series this was generated with: 0.x minors may change the plugin API.
+dependencies = ["{core_pin}"]
+
+[project.entry-points."hwprofile.plugins"]
+{name} = "hwprofile_{name}"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+
+[tool.setuptools.package-data]
+hwprofile_{name} = ["kernels/*.cu"]
+'''
+
+MODULE = '''"""hwprofile-{name}: the architecture plugin for compute capability {major}.{minor} ({target})."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hwprofile.plugin import ArchSpec, CatalogEntry, DeviceInfo, EnvDefault, KernelSpec, Launch, Setting, Value, hookimpl
+
+NAME = "{name}"
+
+
+@hookimpl
+def hwprofile_arch() -> ArchSpec:
+    # Exact capabilities only: a device of another minor version is not served by this plugin.
+    return ArchSpec({{({major}, {minor}): "{target}"}}, "compute capability {major}.{minor}")
+
+
+@hookimpl
+def hwprofile_catalog() -> dict[str, CatalogEntry]:
+    # A simulated device for CI without the GPU: {device_var}={device}, --simulate {device},
+    # pytest --hwprofile-device={device}. The numbers are those of hwprofile's nearest built-in GPU
+    # ({base}): replace them with your GPU's published ones.
+    return {{
+        "{device}": CatalogEntry(
+            name="{device_name}", compute_capability=({major}, {minor}), memory_bytes={memory_bytes}, sm_count={sm_count},
+            l2_cache_bytes={l2_cache_bytes}, max_shared_memory_per_block_optin={smem}, memory_bus_width_bits={bus},
+            max_sm_clock_mhz={sm_clock}, max_memory_clock_mhz={mem_clock},
+        ),
+    }}
+
+
+@hookimpl
+def hwprofile_declare_settings() -> list[Setting]:
+    # Settings of your own live in your plugin's namespace and get an env override:
+    # HWPROFILE_{upper}_EXAMPLE_FLAG.
+    return [Setting(f"{{NAME}}.example_flag", "bool", False, "an example feature flag of this plugin")]
+
+
+@hookimpl
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    # Each value says why; a measured threshold also carries its sweep's stamp (hwprofile.plugin.shipped_stamp).
+    return {{
+        f"{{NAME}}.example_flag": Value(True, "why this architecture wants the flag on"),
+        "router_gemm.max_tokens": Value(0, "no router GEMM kernel for this architecture yet"),
+    }}
+
+
+@hookimpl
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+    return {{"TORCH_CUDA_ARCH_LIST": EnvDefault("{major}.{minor}", "build torch extensions for this SM")}}
+
+
+def _configure(*, n: int, **_: Any) -> Launch:
+    return Launch("scale_kernel<2>", (-(-n // 256), 1, 1), (256, 1, 1))
+
+
+@hookimpl
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
+    return [KernelSpec(f"{{NAME}}_scale", __name__, "kernels/scale.cu", ("scale_kernel<2>",), _configure, doc="sample kernel")]
+'''
+
+KERNEL = '''// hwprofile-{name} sample kernel: out[i] = S * x[i], built by NVRTC for {target} only.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != {arch_num})
+#error "hwprofile-{name} kernels are built for {target} only"
+#endif
+#include <cuda_bf16.h>
+
+template <int S>
+__global__ void scale_kernel(float* out, const __nv_bfloat16* x, int n) {{
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = S * __bfloat162float(x[i]);
+}}
+'''
+
+TEST = '''"""Runs as generated once the package is installed: pip install . && pytest tests"""
+
+import pytest
+
+from hwprofile.plugin import compile_kernel, profile_for, simulated_device
+
+DEVICE = simulated_device(({major}, {minor}))
+
+
+def profile():
+    return profile_for(DEVICE)  # the installed plugins, none of this machine's HWPROFILE_* variables
+
+
+def test_selected_for_its_capability():
+    prof = profile()
+    assert prof.plugin.name == "{name}" and prof.target == "{target}"
+    assert prof.env_defaults["TORCH_CUDA_ARCH_LIST"].value == "{major}.{minor}"
+
+
+def test_simulated_device_from_its_catalog_entry():
+    from hwprofile import detect
+
+    device = detect({{"{device_var}": "{device}"}}).devices[0]  # found through this plugin's hwprofile_catalog
+    assert device.simulated and device.compute_capability == ({major}, {minor})
+
+
+def test_settings_have_provenance():
+    flag = profile().explain("{name}.example_flag")
+    assert flag.value is True and flag.winner.source.startswith("hwprofile-{name}")
+
+
+def test_kernel_compiles_for_its_target():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    prof = profile()
+    spec = prof.kernels["{name}_scale"]
+    compiled = compile_kernel(spec, prof.target)
+    assert compiled.cubin[:4] == b"\\x7fELF"
+'''
+
+README = '''# hwprofile-{name}
+
+hwprofile architecture plugin for compute capability {major}.{minor} (NVRTC target `{target}`).
+Compiling its kernels needs NVRTC: hwprofile installed with its `[cu13]` (CUDA 13 driver, 580+) or
+`[cu12]` (CUDA 12 driver) extra.
+
+    pip install ./
+    hwprofile show --simulate {device}
+    python -m pytest tests
+    hwprofile compile --arch {target}
+'''
+
+
+def files(name: str, capability: str, target: str | None = None) -> dict[str, str]:
+    """The scaffold's files (relative path -> text) for plugin ``name`` serving ``capability``."""
+    if not _NAME.match(name) or len(name) > _MAX_NAME:
+        shown = name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "..."
+        raise HwprofileError(f"plugin name {shown!r} is invalid: use at most {_MAX_NAME} lower-case letters, digits and _ (e.g. sm89)")
+    m = re.fullmatch(r"(\d+)\.(\d)", capability.strip())
+    if not m:
+        raise HwprofileError(f"--capability {capability!r} is invalid: write major.minor, e.g. 8.9")
+    major, minor = int(m.group(1)), int(m.group(2))
+    target = target or f"sm_{major}{minor}"
+    if not _TARGET.match(target):
+        raise HwprofileError(f"--target {target!r} is invalid: write sm_XY or sm_XYa, e.g. sm_89 or sm_90a")
+    own = f"sm_{major}{minor}"
+    if target.rstrip("af") != own:
+        raise HwprofileError(
+            f"--target {target} does not match --capability {major}.{minor}: a plugin serving {major}.{minor} builds its kernels "
+            f"for {own}, {own}a or {own}f (the generated kernel checks __CUDA_ARCH__ == {major * 100 + minor * 10}). "
+            f"Leave --target out for {own}, or give the --capability that {target} is for"
+        )
+    arch_num = major * 100 + minor * 10
+    from . import __version__, catalog
+
+    base_key, base = _nearest(catalog, (major, minor))
+    cmaj, cmin = (int(x) for x in __version__.split(".")[:2])
+    fmt = {
+        "name": name, "major": major, "minor": minor, "target": target, "upper": name.upper(), "arch_num": arch_num,
+        "core_pin": f"hwprofile>={cmaj}.{cmin}.0,<{cmaj}.{cmin + 1}", "device": f"{name.replace('_', '-')}-gpu",
+        "device_var": _env.DEVICE.name,
+        "device_name": f"NVIDIA GPU, compute capability {major}.{minor}", "base": f"{base_key}: {base.name}",
+        "memory_bytes": base.memory_bytes, "sm_count": base.sm_count, "l2_cache_bytes": base.l2_cache_bytes,
+        "smem": base.max_shared_memory_per_block_optin, "bus": base.memory_bus_width_bits, "sm_clock": base.max_sm_clock_mhz,
+        "mem_clock": base.max_memory_clock_mhz,
+    }
+    return {
+        "pyproject.toml": PYPROJECT.format(**fmt),
+        "README.md": README.format(**fmt),
+        f"src/hwprofile_{name}/__init__.py": MODULE.format(**fmt),
+        f"src/hwprofile_{name}/kernels/scale.cu": KERNEL.format(**fmt),
+        "tests/test_plugin.py": TEST.format(**fmt),
+    }
+
+
+def _nearest(catalog: Any, cc: tuple[int, int]) -> tuple[str, Any]:
+    """The built-in GPU a generic device of capability ``cc`` borrows its numbers from."""
+    entry = catalog.generic(cc)
+    for key, e in catalog.CATALOG.items():
+        if not e.name.startswith("Simulated ") and e._replace(name=entry.name, compute_capability=cc) == entry:
+            return key, e
+    return "generic", entry
+
+
+def hint(directory: Path, target: str) -> str:
+    """The next commands, runnable as printed: a path pip cannot mistake for a package name on an index."""
+    d = str(directory)
+    if not (d.startswith(("/", "./", "../", "~"))):
+        d = "./" + d
+    return f"next: pip install {d} && python -m pytest {d}/tests && hwprofile compile --arch {target}"
+
+
+def name_taken(name: str) -> str | None:
+    """Why plugin name ``name`` belongs to a plugin already (in words), or ``None`` when it is free.
+
+    Taken: one of :data:`SHIPPED_PLUGINS`; an installed distribution ``hwprofile-<name>`` (pip would
+    replace it with the scaffold); a plugin of that name in the ``hwprofile.plugins`` entry-point
+    group (two distributions registering one name is an error at every start-up); an importable
+    module ``hwprofile_<name>`` (the scaffold's package would shadow it, or be shadowed).
+    """
+    import importlib.metadata
+    import importlib.util
+
+    from ._entrypoints import find_entry_points
+    from .registry import ENTRY_POINT_GROUP
+
+    dist = f"hwprofile-{name}"
+    try:
+        found = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    if found is not None:
+        return f"{found.metadata['Name']} {found.version} is installed here"
+    if name in SHIPPED_PLUGINS:
+        return f"{dist} is a plugin hwprofile ships (plugins/{name} of the hwprofile project)"
+    ep = next((e for e in find_entry_points(ENTRY_POINT_GROUP) if e.name == name), None)
+    if ep is not None:
+        return f"the installed {ep.distribution} {ep.version} registers a plugin named {name!r}"
+    try:
+        spec = importlib.util.find_spec(f"hwprofile_{name}")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        return f"a module hwprofile_{name} is importable here ({spec.origin or 'a namespace package'})"
+    return None
+
+
+def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
+    """Write the scaffold into ``directory`` (which must not exist or be empty).
+
+    A ``name`` that :func:`name_taken` says is taken is refused before anything is written: the
+    scaffold would replace (or clash with) that plugin once installed.
+    """
+    content = files(name, capability, target)
+    taken = name_taken(name)
+    if taken is not None:
+        raise HwprofileError(
+            f"plugin name {name!r} is taken: {taken}. A scaffold named {name} would be distribution hwprofile-{name} and "
+            f"module hwprofile_{name}, and installing it would replace or clash with that plugin. "
+            f"Choose a name of your own (e.g. my{name}); to change that plugin itself, edit its source instead"
+        )
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise HwprofileError(f"{directory} exists and is not a directory; choose another --dir")
+        if directory.exists() and any(directory.iterdir()):
+            raise HwprofileError(f"{directory} exists and is not empty; choose another --dir")
+        out = []
+        for rel, text in content.items():
+            p = directory / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+            out.append(p)
+    except OSError as exc:
+        where = exc.filename or directory
+        raise HwprofileError(f"cannot write the plugin into {directory}: {exc.strerror or exc} ({where}); choose another --dir") from exc
+    return out

@@ -1,0 +1,576 @@
+"""Tuning: stamps, tuned-thresholds files, and whether a measured value still holds. Never imports torch.
+
+A threshold tuned against one fallback silently goes wrong when the fallback changes (the design
+guide's case 1). So every tuned value, and every shipped plugin threshold that was measured, carries
+a :class:`Stamp`: the device (UUID-free), the plugin and its version, the kernel's source digest,
+the digest of the launches the plugin plans for the op's sweep grid (:func:`plan_digest`: tiles,
+grid, PDL can change while the source does not), and the **fallback identity** (the fallback
+function, torch's version, cuBLAS/cuBLASLt's version), read from package metadata only.
+
+:func:`compare` sorts what differs between a stamp and the running system into three kinds, so
+that a warning fires only when it means something (a warning that fires for everyone is noise):
+
+* **stale**: something the measurement depended on changed: another GPU generation, another
+  plugin, another kernel source, another launch plan, another fallback function, or, on a real
+  GPU, another major.minor of torch or cuBLAS. Patch versions never count.
+* **note**: worth knowing, not wrong: measured on another card of the same capability
+  ("measured on NVIDIA H200"), by another version of the same plugin with the same kernel, or
+  library versions that differ on a *simulated* device (whose libraries are not the ones that ran).
+* **unknown**: one side is not known (torch not installed, no cuBLAS wheel): "cannot tell", never
+  "changed".
+
+A stale shipped threshold still applies and is reported once per process (until ``hwprofile.reset()``);
+a stale tuned file is ignored (the shipped value applies) with one warning per file. The ``strict``
+setting (``HWPROFILE_STRICT=1``, or any layer that sets it) turns both into an error: both are
+reported by :meth:`Staleness.report` once the profile's settings are resolved, so strict is read
+once, as the setting it is, never from the environment here. ``hwprofile explain KEY`` shows the details.
+
+A stamp stands for one op's sweep, so a measured value applies only when its stamp names the op
+that owns its key (:func:`untied`; the owner is the op whose settings declare the key,
+:func:`hwprofile.optable.owner`). A tuned file whose stamp names an op this hwprofile does not know,
+or that sets a key of another op or of no op, is an error naming the file, the key and the op
+(:func:`read_tuned`), like any other malformed tuned file; a plugin value so stamped is an error
+naming the plugin (:meth:`Staleness.shipped`). A key no op owns (``strict``, a plugin's own setting)
+is never in a tuned file (a sweep writes only its op's settings), but a plugin may stamp its own
+setting with the sweep of the (known) op its value was derived from: it is then stale when that
+op's measurement is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _env, _state
+from ._entrypoints import installed_version
+from ._log import get_logger
+from ._record import Record, _set, final
+from .errors import SettingError
+from .optable import OPS
+
+if TYPE_CHECKING:
+    from .device import DeviceInfo
+    from .registry import Selection
+    from .settings import ResolvedSetting, SettingsResolver
+
+log = get_logger(__name__)
+
+# A tuned file holds a stamp and a few thresholds (under 2 KiB); sweep writes raw samples elsewhere.
+# Anything much larger is not a tuned file, and parsing it would cost every first profile() (an
+# 8 MB file took 4.8 s), so it is refused with an error that says what to do.
+MAX_TUNED_BYTES = 1 << 20
+SAMPLES_DIR = "samples"
+
+_CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
+_UNKNOWN = ("", "unknown", "not installed")
+_LIBRARIES = ("torch", "cublas", "cublaslt")
+
+
+# --- stamps --------------------------------------------------------------------------------------
+
+
+def device_identity(d: DeviceInfo) -> str:
+    """A UUID-free identity: two cards of one model share it, a different model does not."""
+    mem = f" {round(d.memory_bytes / 2**30)} GiB" if d.memory_bytes else ""
+    return f"{d.name} {d.sm}{mem}"
+
+
+def fallback_identity(op: str) -> dict[str, str]:
+    """What decides which library kernel the op's fallback runs, read from package metadata."""
+    cublas = installed_version(*_CUBLAS_DISTS) or "unknown"
+    return {
+        "function": OPS[op].fallback,  # the op table at call time, not a copy taken at import
+        "torch": installed_version("torch") or "not installed",
+        "cublas": cublas,
+        "cublaslt": cublas,  # shipped in the same wheel as cuBLAS
+    }
+
+
+@final
+class Stamp(Record):
+    """What a threshold was measured against: where, with which plugin and kernel, against which fallback."""
+
+    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date", "plan")
+
+    #: The op whose threshold this is (an op-table name).
+    op: str
+    #: The measured device, as :func:`device_identity` writes it.
+    device: str
+    #: Its compute capability (major, minor).
+    compute_capability: tuple[int, int]
+    #: The plugin whose kernel was measured, and its version.
+    plugin: str
+    plugin_version: str
+    #: Source digest of the op's kernel (plugin source + hwprofile headers).
+    kernel: str
+    #: The fallback measured against: its function identity and library versions (read-only).
+    fallback: Mapping[str, str]
+    #: When it was measured (ISO date), or "".
+    date: str
+    #: Digest of the launches the plugin planned for the op's sweep grid (:func:`plan_digest`), or ""
+    #: when the sweep did not record one: a threshold holds for a launch plan (tile, grid, PDL) as
+    #: much as for a kernel source, and a plan can change while the source stays the same.
+    plan: str
+
+    def __init__(
+        self,
+        op: str,
+        device: str,
+        compute_capability: tuple[int, int],
+        plugin: str,
+        plugin_version: str,
+        kernel: str,
+        fallback: Mapping[str, str] = MappingProxyType({}),
+        date: str = "",
+        *,
+        plan: str = "",
+    ) -> None:
+        _set(self, "op", op)
+        _set(self, "device", device)
+        _set(self, "compute_capability", tuple(compute_capability))
+        _set(self, "plugin", plugin)
+        _set(self, "plugin_version", plugin_version)
+        _set(self, "kernel", kernel)
+        _set(self, "fallback", MappingProxyType(dict(fallback)))
+        _set(self, "date", date)
+        _set(self, "plan", plan)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "device": self.device,
+            "compute_capability": list(self.compute_capability),
+            "plugin": self.plugin,
+            "plugin_version": self.plugin_version,
+            "kernel": self.kernel,
+            "fallback": dict(self.fallback),
+            "date": self.date,
+            "plan": self.plan,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, where: str) -> Stamp:
+        try:
+            return cls(
+                op=str(d["op"]),
+                device=str(d["device"]),
+                compute_capability=(int(d["compute_capability"][0]), int(d["compute_capability"][1])),
+                plugin=str(d["plugin"]),
+                plugin_version=str(d["plugin_version"]),
+                kernel=str(d["kernel"]),
+                fallback={str(k): str(v) for k, v in dict(d.get("fallback", {})).items()},
+                date=str(d.get("date", "")),
+                plan=str(d.get("plan", "")),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise SettingError(
+                f"{where}: [stamp] is incomplete or malformed ({type(exc).__name__}: {exc}); regenerate it with 'hwprofile sweep'"
+            ) from None
+
+
+def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "", *, plan: str = "") -> Stamp:
+    """The stamp that a sweep run now, here, would write."""
+    return Stamp(
+        op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date, plan=plan
+    )
+
+
+_plans: dict[tuple[Any, ...], str] = {}  # plan_digest per (op, kernel spec identity); reset() clears it
+
+
+@_state.on_reset
+def _forget_plans() -> None:
+    _plans.clear()
+
+
+def plan_digest(op: str, spec: Any) -> str:
+    """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, every split-K choice and scale mode.
+
+    What a stamp records beside the kernel source: the same source launched with other tiles, grid
+    or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
+    Memoised per spec until ``hwprofile.reset()`` (a plan is a pure function of the shape).
+    """
+    key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
+           tuple(getattr(spec, "instances", ())))
+    found = _plans.get(key)
+    if found is None:
+        found = _plans[key] = _plan_digest(op, spec)
+    return found
+
+
+def _plan_digest(op: str, spec: Any) -> str:
+    import hashlib
+
+    d = OPS[op]
+    h = hashlib.sha256()
+    for m, n, k in d.grid:
+        for split_k in (True, False):
+            for mode in d.scale_modes:
+                try:
+                    la = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if d.scaled else {}))
+                    item: tuple[Any, ...] = (
+                        str(la.name_expression), tuple(map(int, la.grid)), tuple(map(int, la.block)), int(la.shared_bytes), bool(la.pdl)
+                    )
+                except RecursionError:
+                    raise  # a configure that resolves profiles: a bug of the plugin, not a refusal
+                except Exception as exc:  # noqa: BLE001 - a refusal is recorded, not raised
+                    item = ("refused", type(exc).__name__)
+                h.update(repr((m, n, k, split_k, mode, item)).encode())
+    return h.hexdigest()
+
+
+# --- comparing a stamp with what runs now --------------------------------------------------------
+
+
+class Comparison(NamedTuple):
+    """What differs between a stamp and the running system, sorted by what it means (module doc)."""
+
+    stale: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def is_stale(self) -> bool:
+        return bool(self.stale)
+
+
+def _major_minor(version: str) -> tuple[int, ...] | None:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``; ``None`` when the text has no leading number."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
+    """Sort the differences between ``stamp`` and ``now`` into stale, notes and unknown.
+
+    ``real_gpu`` is False for a simulated device: the libraries installed here are not the ones that
+    would run on it, so their versions are a note, never stale.
+    """
+    stale: list[str] = []
+    notes: list[str] = []
+    unknown: list[str] = []
+    if stamp.compute_capability != now.compute_capability:
+        cc, ncc = stamp.compute_capability, now.compute_capability
+        stale.append(f"measured on compute capability {cc[0]}.{cc[1]} ({stamp.device}), this device is {ncc[0]}.{ncc[1]}")
+    elif stamp.device != now.device:
+        notes.append(f"measured on {stamp.device}")
+    if stamp.plugin != now.plugin:
+        stale.append(f"measured with plugin {stamp.plugin!r}, {now.plugin!r} is selected")
+    elif stamp.plugin_version != now.plugin_version:
+        notes.append(f"measured with {stamp.plugin} {stamp.plugin_version}, {now.plugin_version or 'unknown'} is installed")
+    if not stamp.kernel or not now.kernel:
+        unknown.append(
+            "kernel source: cannot tell (" + ("the stamp records none" if not stamp.kernel else "no kernel for this op now") + ")"
+        )
+    elif stamp.kernel != now.kernel:
+        stale.append(f"kernel source changed ({stamp.kernel[:12]} -> {now.kernel[:12]})")
+    if not stamp.plan:
+        unknown.append("launch plan: cannot tell (the stamp records none)")
+    elif not now.plan:
+        unknown.append("launch plan: cannot tell (none to compare with here: no kernel for this op, or not computed)")
+    elif stamp.plan != now.plan:
+        stale.append(f"launch plan changed ({stamp.plan[:12]} -> {now.plan[:12]}): the kernel is launched differently now")
+    fa, fb = stamp.fallback.get("function"), now.fallback.get("function")
+    if fa and fb and fa != fb:
+        stale.append(f"fallback function changed ({fa} -> {fb})")
+    for lib in _LIBRARIES:
+        if (
+            lib == "cublaslt"
+            and stamp.fallback.get("cublaslt") == stamp.fallback.get("cublas")
+            and now.fallback.get("cublaslt") == now.fallback.get("cublas")
+        ):
+            continue  # one wheel: already compared as cuBLAS
+        a, b = stamp.fallback.get(lib), now.fallback.get(lib)
+        if a is None:
+            continue  # the stamp does not record it
+        if a in _UNKNOWN or b is None or b in _UNKNOWN:
+            unknown.append(f"fallback {lib}: cannot tell (measured with {a or 'unknown'}, here {b or 'unknown'})")
+            continue
+        ma, mb = _major_minor(a), _major_minor(b)
+        if ma is None or mb is None:
+            unknown.append(f"fallback {lib}: cannot tell (versions {a!r}, {b!r})")
+        elif ma != mb:
+            what = f"fallback {lib} {'.'.join(map(str, ma))} -> {'.'.join(map(str, mb))}"
+            (stale if real_gpu else notes).append(what if real_gpu else f"{what} (simulated device: not compared)")
+    return Comparison(tuple(stale), tuple(notes), tuple(unknown))
+
+
+def untied(key: str, op: str, *, tuned: bool) -> str:
+    """Why a value of setting ``key`` stamped for op ``op`` cannot be tied to that measurement; ``""`` when it can.
+
+    A stamp records one op's sweep (that op's kernel, fallback and grid), so it vouches for values
+    of that op's own settings (:func:`hwprofile.optable.owner`) and of no other op's. A key no op
+    owns is never in a tuned file (``tuned``: a sweep writes only its op's settings); a plugin may
+    stamp such a setting of its own with the sweep its value was derived from. An op this hwprofile
+    does not know vouches for nothing: its sweep cannot be compared with anything that runs here.
+    """
+    from .optable import owner
+
+    if op not in OPS:
+        from . import __version__
+
+        return f"the stamp names op {op!r}, which hwprofile {__version__} does not know (ops: {', '.join(OPS)})"
+    own = owner(key)
+    if own is not None and own.name != op:
+        return f"{key} belongs to op {own.name}, but the stamp names op {op!r} (another kernel, measured against another fallback)"
+    if own is None and tuned:
+        return f"{key} belongs to no op, and a sweep of {op} decides only {op}'s settings"
+    return ""
+
+
+def _retune(key: str, op: str) -> str:
+    """What to do about a tuned file's value of ``key`` that :func:`untied` refused."""
+    from .optable import owner
+
+    own = owner(key)
+    if op not in OPS:
+        how = f"'hwprofile sweep {own.name}'" if own is not None else f"'hwprofile sweep OP' (OP one of {', '.join(OPS)})"
+        return f"Regenerate the file with {how}, or remove it"
+    if own is not None:
+        return f"Remove {key} from the file, or tune it with 'hwprofile sweep {own.name}' (which writes a file of its own)"
+    return (
+        f"Remove {key} from the file: a tuned file holds only settings of its stamp's op; set any other setting with its "
+        f"variable ({_env.PREFIX}{key.upper().replace('.', '_')} for {key}; 'hwprofile show' lists the settings)"
+    )
+
+
+_warned: set[str] = set()
+_warned_shipped = [False]
+
+
+@_state.on_reset
+def _forget_warnings() -> None:
+    """A reset (new environment or plugins) may make other values stale: warn again."""
+    _warned.clear()
+    _warned_shipped[0] = False
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+class Staleness:
+    """Compares stamps with what runs now for one profile being resolved; :meth:`report` says what is stale."""
+
+    def __init__(self, info: DeviceInfo, selection: Selection, kernels: Mapping[str, Any]) -> None:
+        self.info, self.selection, self.kernels = info, selection, kernels
+        self._now: dict[str, Stamp] = {}
+        self.stale_shipped: list[tuple[str, Stamp, tuple[str, ...]]] = []
+        #: The warning for each stale tuned file, in the order the files were read.
+        self.stale_files: list[str] = []
+
+    def now(self, op: str, *, plan: bool = False) -> Stamp:
+        """What a sweep would stamp now; the plan digest only when asked (it evaluates the plan over the grid)."""
+        key = f"{op}+plan" if plan else op
+        if key not in self._now:
+            p = self.selection.plugin
+            spec = self.kernels.get(op)
+            digest = spec.source_digest() if spec is not None else ""
+            planned = plan_digest(op, spec) if plan and spec is not None else ""
+            self._now[key] = current(op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned)
+        return self._now[key]
+
+    def compare(self, stamp: Stamp) -> Comparison:
+        if stamp.op not in OPS:
+            return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
+        return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan)), real_gpu=not self.info.simulated)
+
+    def shipped(self, key: str, stamp: Any, *, who: str = "a plugin") -> str:
+        """A plugin's measured threshold: a stale one is recorded (reported by :meth:`report`) and still used.
+
+        One whose stamp cannot be tied to ``key`` (:func:`untied`: another op's stamp, or an op this
+        hwprofile does not know) is a :class:`SettingError` naming ``who`` (the plugin), the key and
+        the stamp's op: the plugin's code is wrong, on every device and in every environment.
+        """
+        if not isinstance(stamp, Stamp):
+            return ""
+        why = untied(key, stamp.op, tuned=False)
+        if why:
+            from .optable import owner
+
+            own = owner(key)
+            fix = (
+                f"stamp it with the stamp of op {own.name}'s sweep "
+                f"(hwprofile.plugin.shipped_stamp(__name__, 'measured/{own.name}.toml', op={own.name!r}))"
+                if own is not None
+                else f"stamp it with the sweep of a known op ({', '.join(OPS)}) or with none"
+            )
+            raise SettingError(f"{who} gives {key} a value its stamp cannot vouch for: {why}. Fix the plugin: {fix}")
+        c = self.compare(stamp)
+        if c.stale:
+            self.stale_shipped.append((key, stamp, c.stale))
+        return "; ".join(c.stale)
+
+    def report(self, strict: ResolvedSetting) -> None:
+        """Report what is stale, once the settings are resolved (``strict`` is the resolved ``strict``
+        setting). When it is on, the first stale item is a :class:`SettingError` naming the layer that
+        turned it on; otherwise one short warning per process for the stale shipped thresholds, then
+        one per stale tuned file."""
+        on = bool(strict.value)
+        why = f"strict is on ({strict.winner.source}): stale values are errors"
+        self._report_shipped(on, why)
+        for msg in self.stale_files:
+            if on:
+                raise SettingError(f"{msg} [{why}]")
+            _warn_once(msg)
+
+    def _report_shipped(self, strict: bool, strict_why: str) -> None:
+        if not self.stale_shipped:
+            return
+        keys = [k for k, _, _ in self.stale_shipped]
+        st = self.stale_shipped[0][1]
+        why = sorted({w for _, _, ws in self.stale_shipped for w in ws})
+        ops = " ".join(sorted({s.op for _, s, _ in self.stale_shipped}))
+        msg = (
+            f"hwprofile: {len(keys)} threshold(s) shipped by {st.plugin} {st.plugin_version} are stale on device {self.info.index} "
+            f"({why[0]}{f' and {len(why) - 1} more' if len(why) > 1 else ''}); they still apply. "
+            f"Details: hwprofile explain {keys[0]}; re-measure: hwprofile sweep OP (ops: {ops})"
+        )
+        if strict:
+            raise SettingError(f"{msg} [{strict_why}; stale keys: {', '.join(keys)}]")
+        if not _warned_shipped[0]:
+            _warned_shipped[0] = True
+            log.warning(msg)
+
+    def tuned_file(self, where: str, stamp: Stamp) -> str:
+        """What changed since a tuned file was measured (``""``: nothing). A stale file is recorded, its
+        values are not applied, and :meth:`report` warns once per file (an error under ``strict``)."""
+        c = self.compare(stamp)
+        if not c.stale:
+            return ""
+        msg = (
+            f"hwprofile: {where} is stale for device {self.info.index} ({'; '.join(c.stale)}); its values are ignored "
+            f"and the shipped ones apply. Re-tune with: hwprofile sweep {stamp.op} --device {self.info.index}"
+        )
+        self.stale_files.append(msg)
+        return "; ".join(c.stale)
+
+
+def assess(prof: Any, stamp: Stamp) -> Comparison:
+    """The comparison of one stamp with what runs for a resolved profile (for ``explain``)."""
+    return Staleness(prof.device, prof.selection, prof.kernels).compare(stamp)
+
+
+# --- tuned files ---------------------------------------------------------------------------------
+
+
+def config_dir(environ: Mapping[str, str]) -> str:
+    """``HWPROFILE_CONFIG_DIR``, else the user config dir for "hwprofile" as platformdirs defines it.
+
+    On Linux that is the XDG rule (``$XDG_CONFIG_HOME`` or ``~/.config``, then ``hwprofile``),
+    applied here because importing platformdirs costs 3-4 ms of every first ``profile()``; a test
+    checks that both agree. Elsewhere platformdirs decides.
+    """
+    base = _env.CONFIG_DIR.read(environ)
+    if base is not None:
+        return base
+    if sys.platform == "linux" and "ANDROID_DATA" not in environ:
+        xdg = environ.get("XDG_CONFIG_HOME", "").strip()
+        return os.path.join(xdg or os.path.expanduser("~/.config"), "hwprofile")
+    import platformdirs
+
+    return platformdirs.user_config_dir("hwprofile")
+
+
+def tuned_dir(info: DeviceInfo, environ: Mapping[str, str]) -> Path:
+    """Default location of tuned files for a device: ``<config dir>/tuned/<slug of name and sm>/`` (``nvidia-h200-sm-90``)."""
+    import re
+
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
+    return Path(config_dir(environ)) / "tuned" / slug
+
+
+def tuned_files(info: DeviceInfo, environ: Mapping[str, str]) -> list[Path]:
+    """Tuned files for a device: every ``*.toml`` in its default directory, then ``HWPROFILE_TUNED_FILE`` entries.
+
+    Only the directory itself is read: sweep's raw samples live in its ``samples/`` subdirectory.
+    """
+    d = tuned_dir(info, environ)
+    files = sorted(d.glob("*.toml")) if d.is_dir() else []
+    files += [Path(p) for p in _env.TUNED_FILE.read(environ)]
+    return files
+
+
+def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
+    """The stamp and thresholds of one tuned file; errors name the file and the fix.
+
+    Every threshold must be one its stamp's measurement decides (:func:`untied`): a stamp naming
+    an op this hwprofile does not know, or a key of another op or of no op, is an error naming the
+    file, the key and the op.
+
+    Files from older sweeps carry their raw ``[[measurements]]`` inline, after the tables resolving
+    needs; only the text before them is parsed (falling back to the whole file if that part is not
+    a complete document).
+    """
+    import tomllib  # only when a tuned file exists
+
+    where = f"tuned file {p}"
+    try:
+        size = p.stat().st_size
+        if size > MAX_TUNED_BYTES:
+            raise SettingError(
+                f"{where} is {size / 2**20:.1f} MiB; a tuned file holds a stamp and a few thresholds and may be at most "
+                f"{MAX_TUNED_BYTES // 2**20} MiB. Move raw measurements out of it ('hwprofile sweep' writes them to "
+                f"{SAMPLES_DIR}/), or fix {_env.TUNED_FILE.name} / the tuned directory"
+            )
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingError(f"{where}: file not found; fix {_env.TUNED_FILE.name} or run 'hwprofile sweep' to write it") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"{where}: cannot be read ({exc}); regenerate it with 'hwprofile sweep'") from None
+    doc: dict[str, Any] | None = None
+    cut = text.find("\n[[measurements]]")
+    if cut >= 0:
+        try:
+            head = tomllib.loads(text[:cut])
+            if isinstance(head.get("thresholds"), dict) and isinstance(head.get("stamp"), dict):
+                doc = head
+        except tomllib.TOMLDecodeError:
+            doc = None
+    if doc is None:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingError(f"{where}: not valid TOML ({exc}); regenerate it with 'hwprofile sweep'") from None
+    thresholds = doc.get("thresholds")
+    if not isinstance(thresholds, dict):
+        raise SettingError(f"{where}: no [thresholds] table; regenerate it with 'hwprofile sweep'")
+    if not isinstance(doc.get("stamp"), dict):
+        raise SettingError(
+            f"{where}: no [stamp] table saying what the thresholds were measured against; regenerate it with 'hwprofile sweep'"
+        )
+    stamp = Stamp.from_dict(doc["stamp"], where=where)
+    for key in thresholds:
+        why = untied(str(key), stamp.op, tuned=True)
+        if why:
+            fix = _retune(str(key), stamp.op)
+            raise SettingError(f"{where}: [thresholds] sets {key}, which its [stamp] cannot vouch for: {why}. {fix}")
+    return stamp, thresholds
+
+
+def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: Staleness, environ: Mapping[str, str]) -> None:
+    """Add every tuned file for ``info`` as a layer; a stale file's values stay in the chain, unapplied."""
+    for p in tuned_files(info, environ):
+        stamp, thresholds = read_tuned(p)
+        where = f"tuned file {p}"
+        what = staleness.tuned_file(where, stamp)
+
+        def check(key: str, st: Any, what: str = what) -> str:
+            return what
+
+        resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=check, drop_stale=True)

@@ -1,0 +1,64 @@
+"""hwprofile-sm120: the architecture plugin for Blackwell workstation GPUs and DGX Spark.
+
+Serves compute capability 12.0 (RTX PRO 6000, RTX 5090: ``sm_120a``) and 12.1 (DGX Spark GB10:
+``sm_121a``), each matched exactly. SM12x has no tcgen05/TMEM and about 99 KB of shared memory per
+block, so datacenter-Blackwell kernels do not apply. Kernels compiled in CI, not run here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, kernel_specs
+
+NAME = "sm120"
+_SMEM = 99 * 1024  # opt-in shared memory per block on SM12x
+_TUNING = {
+    (12, 0): ArchTuning(sm_count=188, max_shared_bytes=_SMEM, max_cluster=8, prefix="hwp120"),  # RTX PRO 6000
+    (12, 1): ArchTuning(sm_count=48, max_shared_bytes=_SMEM, max_cluster=8, prefix="hwp120"),  # DGX Spark GB10
+}
+
+
+@hookimpl
+def hwprofile_arch() -> ArchSpec:
+    return ArchSpec(
+        {(12, 0): "sm_120a", (12, 1): "sm_121a"}, "NVIDIA Blackwell workstation / DGX Spark: no tcgen05/TMEM, ~99 KB smem/block"
+    )
+
+
+@hookimpl
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "router_gemm.max_tokens": Value(
+            16, "JIT router GEMM compiled for M = 1..16; to be re-measured on SM120 against the fp32-output cuBLAS fallback"
+        ),
+        "linear_bf16_fp32.max_tokens": Value(8, "conservative until measured on SM120 against torch.mm(out_dtype=fp32)"),
+        # The FP8 GEMV exists for SM120: with no tcgen05, cuBLAS FP8 at M = 1 is a poor fit and the
+        # fallback dequantises the weight to bf16 (in chunks of at most 32 MB) before its GEMM.
+        # SM12x has no tcgen05/TMEM and ~99 KB of shared memory per block, so the datacenter
+        # Blackwell GEMM paths do not apply; the SIMT/mma.sync kernels need split-K to fill the SMs.
+        "gemv.split_k": Value(
+            True,
+            "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N "
+            "(the GEMVs, the router GEMM and the small-M linear kernel); "
+            "not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0",
+        ),
+        "fp8_gemv.cublas_roof_n_min": Value(0, "the FP8 kernel is used at every N (no near-roof fallback for FP8 at M = 1)"),
+        "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
+    }
+
+
+@hookimpl
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+    arch = "12.1a" if device.compute_capability == (12, 1) else "12.0a"
+    return {
+        "TORCH_CUDA_ARCH_LIST": EnvDefault(arch, "build torch extensions for the arch-specific SM12x target (FP4/FP8 block-scaled MMA)"),
+        "CUDA_MODULE_LOADING": EnvDefault("LAZY", "load kernels on first use: less context memory, faster start"),
+    }
+
+
+@hookimpl
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
+    tuning = _TUNING.get(device.compute_capability, _TUNING[(12, 0)])
+    return kernel_specs(__name__, "kernels/sm120_gemv.cu", tuning)

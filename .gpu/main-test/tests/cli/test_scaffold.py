@@ -1,0 +1,250 @@
+"""A new architecture is a new package: the guide's steps, run for real (sm_89, L40S).
+
+The scaffold is installed into this test environment with pip and uninstalled at the end, so the
+test runs only where no device is simulated for the whole session (the "none" leg of .ci/run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from hwprofile import hookimpl, scaffold
+from hwprofile.cli import main
+from hwprofile.device import DeviceInfo
+from hwprofile.errors import HwprofileError, PluginError
+from hwprofile.registry import Registry
+
+DOC = Path(__file__).parents[2] / "docs" / "writing-a-plugin.md"
+
+
+def doc_blocks() -> tuple[dict[str, str], list[str]]:
+    text = DOC.read_text()
+    files = {m.group(1): m.group(2) for m in re.finditer(r"```\w+ title=(\S+)\n(.*?)```", text, re.S)}
+    commands = [ln[2:] for block in re.findall(r"```console\n(.*?)```", text, re.S) for ln in block.splitlines() if ln.startswith("$ ")]
+    return files, commands
+
+
+def test_guide_files_are_the_scaffold() -> None:
+    files, _ = doc_blocks()
+    generated = scaffold.files("sm89", "8.9")
+    assert files == {k: v for k, v in generated.items() if k != "README.md"}
+
+
+def hw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hwprofile.cli", *args], capture_output=True, text=True, env=env or os.environ.copy())
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device"
+)
+@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
+def test_guide_steps_for_sm89(tmp_path: Path) -> None:
+    _, commands = doc_blocks()
+    assert commands == [
+        "hwprofile new-plugin sm89 --capability 8.9 --dir hwprofile-sm89",
+        "pip install ./hwprofile-sm89",
+        "hwprofile show --simulate l40s",
+        "hwprofile explain sm89.example_flag --simulate l40s",
+        "hwprofile compile --arch sm_89",
+        "python -m pytest hwprofile-sm89/tests",
+        "pip uninstall -y hwprofile-sm89",
+    ]
+    pkg = tmp_path / "hwprofile-sm89"
+    assert main(["new-plugin", "sm89", "--capability", "8.9", "--dir", str(pkg)]) == 0
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-build-isolation", str(pkg)], check=True, capture_output=True)
+    try:
+        show = json.loads(hw("show", "--simulate", "l40s", "--json").stdout)
+        assert (
+            show["plugin"]["name"] == "sm89"
+            and show["plugin"]["distribution"] == "hwprofile-sm89"
+            and show["plugin"]["nvrtc_arch"] == "sm_89"
+        )
+        flag = json.loads(hw("explain", "sm89.example_flag", "--simulate", "l40s", "--json").stdout)
+        assert (
+            flag["value"] is True
+            and flag["source"] == "hwprofile-sm89 0.1.0"
+            and flag["chain"][-1]["reason"] == "why this architecture wants the flag on"
+        )
+        if sys.modules.get("cuda.bindings.nvrtc") or _has_nvrtc():
+            rows = json.loads(hw("compile", "--arch", "sm_89", "--json").stdout)
+            assert [(r["op"], r["target"], r["errors"]) for r in rows] == [("sm89_scale", "sm_89", [])] and rows[0]["cubin_bytes"] > 0
+        own = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")], capture_output=True, text=True
+        )
+        assert own.returncode == 0, own.stdout[-2000:]
+    finally:
+        subprocess.run([*pip, "uninstall", "-y", "-q", "hwprofile-sm89"], check=True, capture_output=True)
+    show = json.loads(hw("show", "--simulate", "l40s", "--json").stdout)
+    assert show["plugin"]["name"] is None and "no installed architecture plugin" in show["plugin"]["reason"]
+
+
+def _has_nvrtc() -> bool:
+    try:
+        import cuda.bindings.nvrtc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["Sm-89", "--capability", "8.9"], "plugin name 'Sm-89' is invalid"),
+        (["sm89", "--capability", "89"], "write major.minor"),
+        (["sm89", "--capability", "8.9", "--target", "compute_89"], "--target 'compute_89' is invalid"),
+    ],
+)
+def test_scaffold_input_errors(tmp_path: Path, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["new-plugin", *args, "--dir", str(tmp_path / "x")]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_scaffold_refuses_non_empty_dir(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(HwprofileError, match="not empty"):
+        scaffold.write(tmp_path, "sm89", "8.9")
+
+
+def _load_scaffold_module(tmp_path: Path, name: str, capability: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    import importlib
+
+    scaffold.write(tmp_path / name, name, capability)
+    monkeypatch.syspath_prepend(str(tmp_path / name / "src"))
+    return importlib.import_module(f"hwprofile_{name}")
+
+
+def test_capability_already_claimed_names_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load_scaffold_module(tmp_path, "myhopper", "9.0", monkeypatch)
+    reg = Registry({}).load_entry_points()
+    reg.register(mod, "myhopper", distribution="hwprofile-myhopper", version="0.1.0")
+    with pytest.raises(PluginError) as e:
+        reg.select(DeviceInfo(0, "NVIDIA H200", (9, 0), simulated=True))
+    msg = str(e.value)
+    assert "hwprofile-sm90" in msg and "hwprofile-myhopper 0.1.0" in msg and "HWPROFILE_PLUGIN" in msg
+
+
+def test_missing_kernel_file_names_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwprofile.profiles import build_profile
+
+    mod = _load_scaffold_module(tmp_path, "sm86x", "8.6", monkeypatch)
+    (tmp_path / "sm86x" / "src" / "hwprofile_sm86x" / "kernels" / "scale.cu").unlink()
+    reg = Registry({})
+    reg.register(mod, "sm86x", distribution="hwprofile-sm86x", version="0.1.0")
+    with pytest.raises(PluginError, match=r"plugin sm86x: kernel 'sm86x_scale' source 'kernels/scale.cu' is missing .*package-data"):
+        build_profile(DeviceInfo(0, "x", (8, 6), simulated=True), reg, {})
+
+
+def test_misspelt_hook_argument_in_a_plugin_module() -> None:
+    bad = types.ModuleType("hwprofile_typo")
+
+    @hookimpl
+    def hwprofile_kernels(devise, target):  # type: ignore[no-untyped-def]
+        return []
+
+    bad.hwprofile_kernels = hwprofile_kernels  # type: ignore[attr-defined]
+    with pytest.raises(PluginError, match="(?s)typo.*devise.*hookspecs"):
+        Registry({}).register(bad, "typo", distribution="hwprofile-typo", version="0.1.0")
+
+
+# --- names and targets that must be refused (issue 25) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("capability", "target"),
+    [
+        ("8.9", "sm_90a"), ("8.9", "sm_90"), ("9.0", "sm_89"), ("10.3", "sm_100a"), ("10.3", "sm_100f"), ("12.1", "sm_120a"),
+        ("8.0", "sm_89"),
+    ],
+)
+def test_target_must_be_the_capabilitys(tmp_path: Path, capability: str, target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--capability 8.9 --target sm_90a`` was accepted: a plugin whose kernels cannot run on the devices it claims."""
+    own = "sm_" + capability.replace(".", "")
+    with pytest.raises(HwprofileError) as e:
+        scaffold.files("mygpu", capability, target)
+    msg = str(e.value)
+    assert f"--target {target} does not match --capability {capability}" in msg and f"{own}, {own}a or {own}f" in msg
+    assert main(["new-plugin", "mygpu", "--capability", capability, "--target", target, "--dir", str(tmp_path / "x")]) == 2
+    assert "does not match --capability" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("capability", "target"), [("8.9", None), ("8.9", "sm_89"), ("8.9", "sm_89a"), ("9.0", "sm_90a"),
+                                                    ("10.3", "sm_103a"), ("10.0", "sm_100f"), ("12.1", "sm_121a")])
+def test_targets_of_the_capability_are_accepted(capability: str, target: str | None) -> None:
+    files = scaffold.files("mygpu", capability, target)
+    assert f'"{target or "sm_" + capability.replace(".", "")}"' in files["src/hwprofile_mygpu/__init__.py"]
+
+
+def test_installed_plugin_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``new-plugin sm90`` scaffolded a package named after the installed hwprofile-sm90, which installing it would replace."""
+    installed = [p for p in Registry({}).load_entry_points().plugins.values() if p.distribution]
+    if not installed:
+        pytest.skip("no plugin installed")
+    for p in installed:
+        d = tmp_path / p.name
+        with pytest.raises(HwprofileError) as e:
+            scaffold.write(d, p.name, "8.9")
+        msg = str(e.value)
+        assert msg.startswith(f"plugin name {p.name!r} is taken: ") and "Choose a name of your own" in msg, msg
+        assert str(p.distribution) in msg and not d.exists()
+        assert main(["new-plugin", p.name, "--capability", "8.9", "--dir", str(d)]) == 2
+        assert f"plugin name {p.name!r} is taken" in capsys.readouterr().err and not d.exists()
+
+
+def test_installed_distribution_name_is_refused_by_its_version() -> None:
+    from importlib.metadata import version
+
+    if scaffold.name_taken("sm90") is None:
+        pytest.fail("sm90 is shipped: taken whether installed or not")
+    try:
+        v = version("hwprofile-sm90")
+    except Exception:  # noqa: BLE001 - not installed: the shipped-name rule alone
+        assert "a plugin hwprofile ships" in (scaffold.name_taken("sm90") or "")
+    else:
+        assert scaffold.name_taken("sm90") == f"hwprofile-sm90 {v} is installed here"
+
+
+@pytest.mark.parametrize("name", ["sm90", "sm100", "sm120"])  # scaffold.SHIPPED_PLUGINS, checked below
+def test_shipped_plugin_names_are_refused_even_when_not_installed(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.metadata
+    import importlib.util
+
+    from hwprofile import _entrypoints
+
+    def missing(dist: str) -> object:
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(_entrypoints, "find_entry_points", lambda group: [])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    assert scaffold.name_taken(name) == f"hwprofile-{name} is a plugin hwprofile ships (plugins/{name} of the hwprofile project)"
+    with pytest.raises(HwprofileError, match="is taken"):
+        scaffold.write(tmp_path / "p", name, "9.0")
+    assert scaffold.name_taken("mysm90") is None
+
+
+def test_shipped_plugin_names_are_the_repositorys_plugins() -> None:
+    plugins = Path(__file__).parents[2] / "plugins"
+    assert sorted(scaffold.SHIPPED_PLUGINS) == sorted(p.name for p in plugins.iterdir() if (p / "pyproject.toml").is_file())
+
+
+def test_a_registered_plugin_name_and_an_importable_module_are_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downstream plugin's entry-point name (two distributions may not register one name), or a module the package would shadow."""
+    from hwprofile import _entrypoints
+
+    ep = _entrypoints.EntryPoint("engine9", "engine9_mod", "engine9-hwprofile", "1.2")
+    real = _entrypoints.find_entry_points
+    monkeypatch.setattr(_entrypoints, "find_entry_points", lambda group: [*real(group), ep])
+    assert scaffold.name_taken("engine9") == "the installed engine9-hwprofile 1.2 registers a plugin named 'engine9'"
+    (tmp_path / "hwprofile_mine7.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert (scaffold.name_taken("mine7") or "").startswith("a module hwprofile_mine7 is importable here")
+    assert scaffold.name_taken("free_name_42") is None

@@ -1,0 +1,383 @@
+"""Cross-rank agreement without processes: what is compared, with which scope, and what the error says.
+
+The transport (gloo across processes, the bring-up command, timeouts) is in test_gloo.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import hwprofile
+from hwprofile import device as _device
+from hwprofile.errors import AgreementError, HwprofileError
+from hwprofile.profiles import Profile, build_profile
+from hwprofile.registry import Registry
+from tests.conftest import tuned_toml
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+from hwprofile import distributed as hd  # noqa: E402 - after the skips: the package needs torch at call time only
+from hwprofile.distributed import _collective, _compare, _summary  # noqa: E402 - private parts, where they live
+
+ROUTER = "setting.router_gemm.max_tokens"
+ENGINE = "myengine-hwprofile " + metadata.version("myengine-hwprofile")  # the example downstream plugin as installed
+
+
+def environment(sim: str, env: Mapping[str, str] | None) -> dict[str, str]:
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith("HWPROFILE_") or k in ("HWPROFILE_CACHE_DIR", "HWPROFILE_CONFIG_DIR")
+    }
+    return {**environ, "HWPROFILE_DEVICE": sim, **(env or {})}
+
+
+def resolve(environ: Mapping[str, str], index: int = 0) -> Profile:
+    return build_profile(_device.detect(environ).device(index), Registry(environ).load_entry_points(), environ)
+
+
+def summary(rank: int, env: Mapping[str, str] | None = None, *, sim: str = "h200", index: int = 0, host: str = "node-a") -> hd.RankSummary:
+    """What rank ``rank`` would send: its profile resolved from a private environment."""
+    environ = environment(sim, env)
+    prof = resolve(environ, index)
+    entries = hd.profile_entries(prof, environ)
+    return hd.RankSummary(
+        rank=rank,
+        host=host,
+        local_rank=rank,
+        device_index=index,
+        device_name=prof.device.name,
+        device_sm=prof.device.sm,
+        plugin=prof.plugin.label if prof.plugin else "none",
+        target=prof.target or "-",
+        fingerprint=prof.fingerprint,
+        digest=hd.entries_digest(entries, prof.fingerprint).hex(),
+        entries=entries,
+        disabled=hd.disabled_plugins(environ),
+    )
+
+
+@pytest.fixture(scope="module")
+def same() -> hd.RankSummary:
+    return summary(0)
+
+
+def keys(diffs: list[hd.Difference]) -> list[str]:
+    return [d.key for d in diffs]
+
+
+def test_equal_profiles_have_equal_digests_and_no_difference(same: hd.RankSummary) -> None:
+    other = summary(1, host="node-b")
+    assert other.digest == same.digest
+    diffs, models = hd.compare([same, other])
+    assert diffs == [] and models == {("NVIDIA H200", "sm_90"): (0, 1)}
+
+
+def test_what_is_compared(same: hd.RankSummary) -> None:
+    e = same.entries
+    for key in (
+        "hwprofile",
+        "torch",
+        "nvrtc",
+        "device.name",
+        "device.capability",
+        "plugin",
+        "plugin.target",
+        "plugin.sm90",
+        "plugin.myengine",
+        "setting.deterministic",
+        "setting.strict",
+        ROUTER,
+        "env.CUDA_MODULE_LOADING",
+        "kernel.router_gemm",
+        "kernel.gemv",
+    ):
+        assert key in e, key
+    assert e["setting.deterministic"].scope == e["setting.strict"].scope == "job"
+    assert e["device.name"].scope == "model" and e[ROUTER].scope == "device" and e["plugin.sm90"].scope == "present"
+    assert e["plugin.myengine"].scope == "job" and e["torch"].value == torch.__version__
+    assert "myengine-hwprofile" in e[ROUTER].source and e[ROUTER].value == "8"
+
+
+def test_user_env_override_on_one_rank_is_named_with_its_variable(same: hd.RankSummary) -> None:
+    odd = summary(2, {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}, host="node-b")
+    assert odd.digest != same.digest
+    diffs, _ = hd.compare([same, summary(1), odd])
+    assert keys(diffs) == [ROUTER]
+    (d,) = diffs
+    assert d.values() == {"8": (0, 1), "4": (2,)} and d.scope == "present"
+    assert "HWPROFILE_ROUTER_GEMM_MAX_TOKENS" in d.holdings[1].sources[0] and "myengine-hwprofile" in d.holdings[0].sources[0]
+    assert dict(d.holdings[1].hosts) == {"node-b": (2,)}
+    msg = _compare._message(diffs, [same, odd], {("NVIDIA H200", "sm_90"): (0, 2)}, "error")
+    assert "router_gemm.max_tokens" in msg and "HWPROFILE_ROUTER_GEMM_MAX_TOKENS" in msg and "host node-b" in msg
+
+
+def test_same_value_from_another_layer_is_not_a_difference(same: hd.RankSummary) -> None:
+    """Provenance is reported, never compared: equal values dispatch alike."""
+    other = summary(1, {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "8"})
+    diffs, _ = hd.compare([same, other])
+    assert diffs == [] and other.entries[ROUTER].source != same.entries[ROUTER].source
+
+
+def test_deterministic_and_env_default_overrides_differ(same: hd.RankSummary) -> None:
+    odd = summary(1, {"HWPROFILE_DETERMINISTIC": "1", "CUDA_MODULE_LOADING": "EAGER"})
+    diffs, _ = hd.compare([same, odd])
+    assert keys(diffs) == ["setting.deterministic", "env.CUDA_MODULE_LOADING"]
+    assert "set by the user" in diffs[1].holdings[1].sources[0]
+
+
+def test_blocked_plugin_names_the_variable(same: hd.RankSummary) -> None:
+    odd = summary(1, {"HWPROFILE_DISABLE_PLUGINS": "myengine"})
+    diffs, _ = hd.compare([same, odd])
+    assert "plugin.myengine" in keys(diffs) and ROUTER in keys(diffs)
+    d = next(d for d in diffs if d.key == "plugin.myengine")
+    assert d.values() == {ENGINE: (0,), "(absent)": (1,)}
+    assert "HWPROFILE_DISABLE_PLUGINS=myengine" in d.holdings[1].sources[0]
+
+
+def test_blocked_arch_plugin_leaves_core_defaults(same: hd.RankSummary) -> None:
+    odd = summary(1, {"HWPROFILE_DISABLE_PLUGINS": "sm90"})
+    diffs, _ = hd.compare([same, odd])
+    assert {"plugin", "plugin.target", "kernel.gemv"} <= set(keys(diffs))
+    assert "plugin.sm90" not in keys(diffs)  # an architecture plugin's version is compared where present; "plugin" names the gap
+    plugin = next(d for d in diffs if d.key == "plugin")
+    assert plugin.values() == {"sm90": (0,), "none": (1,)} and "HWPROFILE_DISABLE_PLUGINS" in plugin.holdings[1].sources[0]
+
+
+def test_tuned_file_on_one_rank(same: hd.RankSummary, tmp_path: Path) -> None:
+    prof = resolve(environment("h200", None))
+    assert prof.plugin is not None
+    kernel = prof.kernels["router_gemm"].source_digest()
+    f = tmp_path / "router.toml"
+    f.write_text(
+        tuned_toml(prof.device, {"router_gemm.max_tokens": 12}, plugin=prof.plugin.name, version=prof.plugin.version or "", kernel=kernel)
+    )
+    odd = summary(1, {"HWPROFILE_TUNED_FILE": str(f)})
+    diffs, _ = hd.compare([same, odd])
+    assert keys(diffs) == [ROUTER]
+    assert diffs[0].values() == {"8": (0,), "12": (1,)} and f"tuned file {f}" in diffs[0].holdings[1].sources[0]
+
+
+def test_stale_tuned_file_is_shown_as_ignored(same: hd.RankSummary, tmp_path: Path) -> None:
+    """A rank whose tuned file is stale runs the shipped value: that agrees, and the summary says what was ignored."""
+    f = tmp_path / "stale.toml"
+    f.write_text(
+        tuned_toml(
+            _device.simulated_detection("h200").device(0),
+            {"router_gemm.max_tokens": 12},
+            plugin="sm90",
+            version="0.1.0",
+            fallback_function="another fallback",
+        )
+    )
+    odd = summary(1, {"HWPROFILE_TUNED_FILE": str(f)})
+    assert hd.compare([same, odd])[0] == []
+    assert "ignored" in odd.entries[ROUTER].source and str(f) in odd.entries[ROUTER].source
+
+
+def test_plugin_version_difference(same: hd.RankSummary) -> None:
+    wire = same.to_wire()
+    wire["rank"] = 1
+    wire["entries"]["plugin.myengine"] = ("myengine-hwprofile 99.0", "downstream plugin (takes part in every profile)", "job")
+    odd = hd.RankSummary.from_wire(wire)
+    diffs, _ = hd.compare([same, odd], "allow")
+    assert keys(diffs) == ["plugin.myengine"] and diffs[0].values() == {ENGINE: (0,), "myengine-hwprofile 99.0": (1,)}
+
+
+def test_mixed_models_error_and_allow() -> None:
+    ranks = [summary(0, sim="h200"), summary(1, sim="h200"), summary(2, sim="gb300"), summary(3, sim="gb300")]
+    diffs, models = hd.compare(ranks, "error")
+    assert keys(diffs)[:2] == ["device.capability", "device.name"] and "plugin" in keys(diffs) and "kernel.gemv" in keys(diffs)
+    assert models == {("NVIDIA H200", "sm_90"): (0, 1), ("NVIDIA GB300", "sm_103"): (2, 3)}
+    msg = _compare._message(diffs, ranks, models, "error")
+    assert "mixed='allow'" in msg and "NVIDIA GB300 (sm_103)" in msg
+    assert hd.compare(ranks, "allow")[0] == []
+    # allowed models must still agree on everything the user chose: an override on one GB300 rank is caught
+    ranks[3] = summary(3, {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}, sim="gb300")
+    diffs, _ = hd.compare(ranks, "allow")
+    assert keys(diffs) == [ROUTER] and diffs[0].values() == {"8": (0, 1, 2), "4": (3,)}
+    # the same user choice on every rank agrees, also where another model's plugin does not know the key
+    env = {"TORCH_CUDA_ARCH_LIST": "9.0a;10.3a", "HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}
+    same_choice = [summary(r, env, sim=m) for r, m in enumerate(("h200", "h200", "gb300", "gb300"))]
+    assert same_choice[0].entries["env.TORCH_CUDA_ARCH_LIST"].scope == "present"
+    only_sm90 = hd.Entry('"1"', "set by the user (default '0' from hwprofile-sm90 0.1.0 not applied)", "present")
+    same_choice[:2] = [s.replace(entries={**s.entries, "env.SM90_ONLY": only_sm90}) for s in same_choice[:2]]
+    assert hd.compare(same_choice, "allow")[0] == []
+    assert keys(hd.compare(same_choice, "error")[0])[:2] == ["device.capability", "device.name"]
+    # ... and a model-dependent key that differs inside one model is caught, naming only that model's ranks
+    ranks[3] = summary(3, {"HWPROFILE_DISABLE_PLUGINS": "sm100"}, sim="gb300")
+    plugin = next(d for d in hd.compare(ranks, "allow")[0] if d.key == "plugin")
+    assert plugin.values() == {"sm100": (2,), "none": (3,)}
+
+
+def test_mixed_models_of_one_architecture() -> None:
+    """H100 and H200 share the sm90 plugin: only the model's name differs."""
+    ranks = [summary(0, sim="h100"), summary(1, sim="h200")]
+    assert keys(hd.compare(ranks, "error")[0]) == ["device.name"]
+    assert hd.compare(ranks, "allow")[0] == []
+
+
+def test_arch_plugin_versions_compare_across_models() -> None:
+    a, b = summary(0, sim="h100"), summary(1, sim="h200")
+    wire = b.to_wire()
+    wire["entries"]["plugin.sm90"] = ("hwprofile-sm90 0.2.0", "architecture plugin selected for sm_90", "present")
+    diffs, _ = hd.compare([a, hd.RankSummary.from_wire(wire)], "allow")
+    assert keys(diffs) == ["plugin.sm90"]
+
+
+def test_equal_keys_but_different_fingerprint_still_disagree(same: hd.RankSummary) -> None:
+    wire = same.to_wire()
+    wire.update(rank=1, fingerprint="0" * 16, digest="1" * 64)
+    diffs, _ = hd.compare([same, hd.RankSummary.from_wire(wire)])
+    assert keys(diffs) == ["fingerprint"]
+
+
+def test_mixed_is_validated() -> None:
+    with pytest.raises(ValueError, match="'error'.*'allow'"):
+        hd.check_agreement(mixed="yes")
+    with pytest.raises(ValueError, match="mixed='warn'"):
+        hd.compare([], "warn")
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        hd.check_agreement(timeout=0)
+
+
+def test_needs_an_initialised_process_group() -> None:
+    assert not dist.is_initialized()
+    with pytest.raises(HwprofileError, match="init_process_group"):
+        hd.check_agreement()
+
+
+def test_rank_ranges() -> None:
+    assert _compare._ranks([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7, 8"
+    assert _compare._ranks([3]) == "3"
+
+
+def test_agreement_error_is_exported_lazily() -> None:
+    assert hwprofile.AgreementError is AgreementError and issubclass(AgreementError, hwprofile.HwprofileError)
+    code = (
+        "import sys, hwprofile; hwprofile.AgreementError; assert 'torch' not in sys.modules and 'hwprofile.distributed' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_package_imports_no_torch_and_runs_as_a_module() -> None:
+    """The package's import stays torch-free, and ``-m`` runs ``__main__`` once (the package never imports it)."""
+    code = (
+        "import sys, hwprofile.distributed as hd; hd.check_agreement, hd.main; "
+        "assert 'torch' not in sys.modules and 'hwprofile.distributed.__main__' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    p = subprocess.run([sys.executable, "-W", "error", "-m", "hwprofile.distributed", "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "--mixed" in p.stdout and not p.stderr, p.stderr
+
+
+def test_local_device_follows_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    if "torch" in sys.modules:  # on a GPU host earlier tests initialised CUDA, and then torch's current device wins
+        monkeypatch.setattr(sys.modules["torch"].cuda, "is_initialized", lambda: False)
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200,gb300,rtx-pro-6000")
+    hwprofile.reset()
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert hd.resolve_device(None, cuda_backend=False) == 2
+    assert hd.resolve_device(1, cuda_backend=False) == 1
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    with pytest.raises(HwprofileError, match="LOCAL_RANK=5 but this process sees only 3"):
+        hd.resolve_device(None, cuda_backend=False)
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")  # one visible device (a per-rank CUDA_VISIBLE_DEVICES): device 0
+    assert hd.resolve_device(None, cuda_backend=False) == 0
+
+
+class _FakeCuda:
+    def __init__(self, current: int, count: int) -> None:
+        self.current, self.count = current, count
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return self.current
+
+    def device_count(self) -> int:
+        return self.count
+
+
+class _FakeTorch:
+    def __init__(self, current: int, count: int) -> None:
+        self.cuda = _FakeCuda(current, count)
+
+
+def test_cuda_ranks_check_their_current_device(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """With CUDA in use the current device wins; a rank left on device 0 of an 8-GPU host is warned, once."""
+    monkeypatch.setattr(_summary, "_warned_devices", set())
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(3, 8))
+    with caplog.at_level("WARNING", logger="hwprofile.distributed"):
+        assert hd.resolve_device(None, cuda_backend=True) == 3
+        assert not caplog.records
+        monkeypatch.setitem(sys.modules, "torch", _FakeTorch(0, 8))
+        assert hd.resolve_device(None, cuda_backend=True) == 0
+        assert hd.resolve_device(None, cuda_backend=False) == 0  # CUDA initialised: the current device, too
+    (rec,) = caplog.records
+    assert "LOCAL_RANK=3" in rec.getMessage() and "torch.cuda.set_device(local_rank)" in rec.getMessage()
+
+
+def test_bringup_main_single_rank_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bring-up command's own code, in this process, as a one-rank torchrun job would run it."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("HWPROFILE_DEVICE", "gb300")
+    hwprofile.reset()
+    assert hd.main(["--backend", "gloo", "--json", "--timeout", "30"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["agree"] and doc["models"] == [{"name": "NVIDIA GB300", "sm": "sm_103", "ranks": [0]}]
+    assert doc["ranks"][0]["plugin"].startswith("sm100 (hwprofile-sm100 ") and not dist.is_initialized()
+    # again, in the same process: a new process group and a new profile, nothing stale from the first run
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    assert hd.main(["--backend", "gloo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["models"][0]["name"] == "NVIDIA H200"
+    assert all(ref() is None for ref, *_ in _collective._groups.values())  # no process group kept alive after destroy_process_group
+
+
+@pytest.mark.parametrize(("gpus", "local", "asked", "want"), [(1, 2, "auto", "gloo"), (2, 2, "auto", "nccl"), (0, 1, "auto", "gloo"),
+                                                          (1, 2, "nccl", None), (0, 1, "nccl", None), (8, 2, "gloo", "gloo")])
+def test_bringup_backend_needs_a_gpu_per_local_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                    gpus: int, local: int, asked: str, want: str | None) -> None:
+    """NCCL fails ("invalid usage") when two ranks share a GPU: auto picks gloo then, and an explicit nccl is a usage error."""
+    import torch
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": str(local), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(local),
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    chosen: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def init(backend: str, **kw: object) -> None:
+        chosen.append(backend)
+        raise Stop
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+    if want is None:
+        assert hd.main(["--backend", asked]) == 2
+        err = capsys.readouterr().err
+        assert "needs one GPU per rank" in err and f"runs {local} ranks" in err and "--backend gloo" in err
+        assert not chosen
+    else:
+        with pytest.raises(Stop):
+            hd.main(["--backend", asked])
+        assert chosen == [want]

@@ -1,0 +1,63 @@
+"""The op table is the single source of truth: no consumer keeps its own list of ops.
+
+A list, tuple, set or dict literal naming three or more ops (by their string names) anywhere in the
+core, the plugins, the tests or the benchmarks is a copy of ``hwprofile.optable.OPS`` that a new op
+would silently miss (the old contract tests iterated such a list, so a new op got no contract test).
+Iterate ``OPS`` instead, or derive the subset from its facts (``op.scaled``, ``op.threshold`` ...).
+Registries keyed by op that hold facts of their own are named below; each is checked to cover the table.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from hwprofile.optable import OPS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ["core/src", "plugins", "tests", "benchmarks", "examples", "pytest-hwprofile/src"]
+#: registries keyed by op name with facts of their own: REFERENCES (tests/ops/test_contract.py checks every op
+#: has one) and the shared kernel family's PREBUILT_SHAPES (which ops the family computes is no fact of the table)
+REGISTRIES = {("tests/ops/reference.py", "REFERENCES"), ("core/src/hwprofile/kernels/skinny_gemm.py", "PREBUILT_SHAPES")}
+
+
+def _literals(tree: ast.AST) -> list[tuple[int, str | None, set[str]]]:
+    """(line, assigned name or None, op names) of each container literal naming ops."""
+    parents: dict[ast.AST, ast.AST] = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List | ast.Tuple | ast.Set):
+            elts = node.elts
+        elif isinstance(node, ast.Dict):
+            elts = [k for k in node.keys if k is not None]
+        else:
+            continue
+        names = {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in OPS}
+        if len(names) >= 3:
+            parent = parents.get(node)
+            while isinstance(parent, ast.Call):  # MappingProxyType({...}), tuple([...]): the literal of an assignment still
+                parent = parents.get(parent)
+            target = None
+            if isinstance(parent, ast.Assign | ast.AnnAssign):
+                t = parent.targets[0] if isinstance(parent, ast.Assign) else parent.target
+                target = t.id if isinstance(t, ast.Name) else None
+            out.append((node.lineno, target, names))
+    return out
+
+
+def test_no_consumer_lists_the_ops_by_hand() -> None:
+    found = []
+    for top in SCANNED:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel == "core/src/hwprofile/optable.py" or ".venv" in path.parts:
+                continue
+            for line, target, names in _literals(ast.parse(path.read_text(), rel)):
+                if (rel, target) not in REGISTRIES and target != "__all__":  # __all__ names functions, statically
+                    found.append(f"{rel}:{line} lists {sorted(names)}")
+    assert not found, "ops listed by hand instead of read from hwprofile.optable.OPS:\n" + "\n".join(found)
+
+
+def test_the_scan_sees_a_hand_list() -> None:
+    src = 'EVERY = ["router_gemm", "linear_bf16_fp32", "gemv"]\nfor op in ("gemv", "fp8_gemv"): pass\n'
+    assert [(line, target) for line, target, _ in _literals(ast.parse(src))] == [(1, "EVERY")]

@@ -1,0 +1,52 @@
+"""What py.typed promises, mypy confirms: an engine's and a plugin's code type-check against hwprofile."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ENGINE = '''
+import hwprofile
+from hwprofile.plugin import DeviceInfo, Value, hookimpl
+
+prof = hwprofile.profile()
+reveal_type(prof.get("router_gemm.max_tokens", int))
+reveal_type(prof.get_bool("gemv.split_k"))
+reveal_type(prof.device.compute_capability)
+reveal_type(prof.explain("gemv.split_k").winner.kind)
+n: int = prof.get("router_gemm.max_tokens", int) + 1
+
+@hookimpl
+def hwprofile_settings(device: DeviceInfo, resolved: dict[str, object]) -> dict[str, Value]:
+    return {"router_gemm.max_tokens": Value(8, "why")}
+'''
+
+WRONG = '''
+import hwprofile
+
+prof = hwprofile.profile()
+s: str = prof.get("router_gemm.max_tokens", int)
+prof.fingerprint = "x"
+len(prof.device)
+prof.get("router_gemm.max_tokens", list)
+'''
+
+
+@pytest.mark.skipif(bool(os.environ.get("HWPROFILE_DEVICE")), reason="slow (runs mypy): runs in the leg without a simulated device")
+@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
+def test_engine_code_type_checks(tmp_path: Path) -> None:
+    api = pytest.importorskip("mypy.api")
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "wrong.py").write_text(WRONG)
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--no-incremental"]
+    out, err, status = api.run(["--strict", *cache, str(tmp_path / "engine.py")])
+    assert status == 0, out + err
+    revealed = [line.split("Revealed type is ")[1].replace("builtins.", "") for line in out.splitlines() if "Revealed type" in line]
+    assert revealed[:3] == ['"int"', '"bool"', '"tuple[int, int]"'], out
+    assert all(f"Literal['{k}']" in revealed[3] for k in ("core", "declared", "arch", "downstream", "tuned", "env")), out
+    out, err, status = api.run(["--strict", *cache, str(tmp_path / "wrong.py")])
+    assert status == 1
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert [int(line.split(":")[1]) for line in errors] == [5, 6, 7, 8], out

@@ -1,0 +1,99 @@
+"""Public records are slotted, frozen value objects, not tuples; Profile.get is typed and checked."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import hwprofile
+from hwprofile import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Launch, PluginInfo, Setting, Value
+from hwprofile._record import Record
+from hwprofile.device import Detection, DriverAttributes
+from hwprofile.errors import SettingError
+from hwprofile.plugin import ArchTuning, Stamp
+from hwprofile.registry import Selection
+from hwprofile.settings import Layer, ResolvedEnvDefault, ResolvedSetting
+
+SETTING = Setting("x.y", "int", 1, "doc", minimum=0, maximum=4)
+SAMPLES: list[Record] = [
+    DeviceInfo(0, "NVIDIA H200", (9, 0), simulated=True),
+    DriverAttributes(132, 227 * 1024, 50 << 20),
+    Detection((DeviceInfo(0, "NVIDIA H200", (9, 0)),)),
+    ArchSpec({(9, 0): "sm_90a"}, "Hopper"),
+    PluginInfo("sm90", "hwprofile-sm90", "0.1.0", "hwprofile_sm90"),
+    Selection(None, None, "no plugin"),
+    SETTING,
+    Value(3, "why"),
+    EnvDefault("1", "why"),
+    Layer("arch", "hwprofile-sm90 0.1.0", 3),
+    ResolvedSetting(SETTING, (Layer("core", "hwprofile core", 1),)),
+    ResolvedEnvDefault("A", "1", "why", True, "p"),
+    Launch("k<1>", (1, 1, 1), (32, 1, 1)),
+    KernelSpec("op", "pkg", "k.cu", ("k<1>",), print),
+    Stamp("router_gemm", "NVIDIA H200 sm_90 140 GiB", (9, 0), "sm90", "0.1.0", "ab" * 32, {"function": "f", "torch": "2.11.0"}),
+    ArchTuning(sm_count=132, max_shared_bytes=227 * 1024),
+]
+
+
+@pytest.mark.parametrize("rec", SAMPLES, ids=lambda r: type(r).__name__)
+def test_record_is_not_a_tuple(rec: Record) -> None:
+    assert not isinstance(rec, tuple)
+    with pytest.raises(TypeError):
+        len(rec)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        rec[0]  # type: ignore[index]
+    assert not hasattr(rec, "__dict__")  # slots only
+
+
+@pytest.mark.parametrize("rec", SAMPLES, ids=lambda r: type(r).__name__)
+def test_record_is_a_frozen_value(rec: Record) -> None:
+    field = rec.__slots__[0]
+    with pytest.raises(AttributeError, match="frozen"):
+        setattr(rec, field, None)
+    with pytest.raises(AttributeError, match="frozen"):
+        delattr(rec, field)
+    copy = rec.replace()
+    assert copy == rec and copy is not rec and hash(copy) == hash(rec)
+    assert pickle.loads(pickle.dumps(rec)) == rec
+    assert repr(rec).startswith(type(rec).__name__ + "(") and f"{field}=" in repr(rec)
+
+
+def test_replace_changes_one_field_and_rechecks() -> None:
+    d = DeviceInfo(0, "NVIDIA H200", (9, 0))
+    d1 = d.replace(index=1)
+    assert (d1.index, d1.name, d.index) == (1, "NVIDIA H200", 0) and d1 != d
+    with pytest.raises(TypeError, match="no field"):
+        d.replace(idx=1)
+    with pytest.raises(SettingError, match="invalid"):
+        SETTING.replace(default=9)  # the constructor checks the copy as it checks any value
+
+
+def test_equality_needs_the_same_type() -> None:
+    assert EnvDefault("1", "r") != Value("1", "r")
+    assert DeviceInfo(0, "a", (9, 0)) != (0, "a", (9, 0))
+
+
+def test_profile_get_is_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    prof = hwprofile.profile(0)
+    n: int = prof.get("router_gemm.max_tokens", int)
+    assert n == prof["router_gemm.max_tokens"] == prof.get_int("router_gemm.max_tokens")
+    assert prof.get_bool("gemv.split_k") is prof["gemv.split_k"]
+    with pytest.raises(SettingError, match=r"gemv.split_k is declared 'bool'.*not int"):
+        prof.get("gemv.split_k", int)  # a bool is not silently an int
+    with pytest.raises(SettingError, match="declared 'int'.*not str"):
+        prof.get_str("router_gemm.max_tokens")
+    with pytest.raises(SettingError, match="unknown setting"):
+        prof.get("no.such", int)
+
+
+def test_profile_is_compared_by_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    a = hwprofile.profile(0)
+    hwprofile.reset()
+    b = hwprofile.profile(0)
+    assert a is not b and a != b and a.fingerprint == b.fingerprint and {a: 1}[a] == 1
+    with pytest.raises(AttributeError, match="frozen"):
+        a.fingerprint = "x"  # type: ignore[misc]
+    assert a.fingerprint in repr(a)
