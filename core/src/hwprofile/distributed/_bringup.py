@@ -151,7 +151,7 @@ def _join(dist: Any, backend: str, rank: int, world: int, timeout_s: float) -> s
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return (
             f"the {world} ranks of the job did not all join within --timeout {timeout_s:g} s "
-            f"(waited {time.monotonic() - start:.3g} s; torch.distributed said: {first}). Start every rank (torchrun starts "
+            f"(waited {time.monotonic() - start:.1f} s; torch.distributed said: {first}). Start every rank (torchrun starts "
             "them all; by hand, each with its own RANK and the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT), or raise --timeout."
         )
     return ""
