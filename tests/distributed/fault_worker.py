@@ -40,7 +40,8 @@ def result(fn: Callable[[], Any]) -> dict[str, Any]:
         return {"ok": False, "seconds": time.perf_counter() - t0, "error": str(exc), "missing": list(exc.missing),
                 "keys": [d.key for d in exc.differences], "ranks": len(exc.ranks)}
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        return {"ok": False, "seconds": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}", "unexpected": traceback.format_exc()}
+        return {"ok": False, "seconds": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}",
+                "unexpected": traceback.format_exc()}
     return {"ok": True, "seconds": time.perf_counter() - t0, "describe": a.describe(), "size": a.size}
 
 

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch.distributed")
 
-from tests.distributed.test_gloo import REPO, _env  # noqa: E402 - the same clean environment as the other gloo ranks
+from tests.distributed.test_gloo import REPO, _env  # the same clean environment as the other gloo ranks
 
 WORLD = 4
 T = 1.5  # fault_worker.T

@@ -212,7 +212,8 @@ def test_bringup_started_by_hand_with_a_rank_missing_ends_within_its_timeout(ran
         port = s.getsockname()[1]
     env = _env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "hwprofile.distributed", "--timeout", "2"], env=env, capture_output=True, text=True, timeout=60)
+    cmd = [sys.executable, "-m", "hwprofile.distributed", "--timeout", "2"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     took = time.monotonic() - t0
     assert p.returncode == 1, p.stdout + p.stderr
     assert f"hwprofile.distributed: rank {rank}: error: " in p.stderr and "--timeout 2 s" in p.stderr and "Start every rank" in p.stderr
