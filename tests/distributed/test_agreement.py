@@ -413,3 +413,52 @@ def test_bringup_backend_needs_a_gpu_per_local_rank(monkeypatch: pytest.MonkeyPa
     else:
         assert hd.main(["--backend", asked]) == 1  # a group that cannot form is a clear error, not a traceback
         assert chosen == [want] and "did not all join within --timeout 120 s" in capsys.readouterr().err
+
+
+def _arrive_all(store: object, key: str, plan: dict[int, tuple[float, float]], ranks: tuple[int, ...]) -> dict[int, object]:
+    """Run ``_collective._arrive`` for each rank in a thread: rank -> (delay before arriving, its timeout); what each got."""
+    import threading
+    import time
+
+    got: dict[int, object] = {}
+
+    def one(rank: int, delay: float, wait_s: float) -> None:
+        time.sleep(delay)
+        try:
+            _collective._arrive(store, key, rank, ranks, wait_s, False)
+            got[rank] = "go"
+        except AgreementError as exc:
+            got[rank] = exc
+
+    threads = [threading.Thread(target=one, args=(r, *plan[r])) for r in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def test_arrival_is_one_outcome_for_every_rank() -> None:
+    """The store orders arrivals against a give-up: all go, or all raise (a late rank at once), naming only the absent."""
+    store = dist.HashStore()
+    assert _arrive_all(store, "k1/", {0: (0, 5), 1: (0.1, 5), 2: (0.2, 5)}, (0, 1, 2)) == {0: "go", 1: "go", 2: "go"}
+    got = _arrive_all(store, "k2/", {0: (0, 0.4), 1: (0.1, 0.6), 2: (1.2, 5)}, (0, 1, 2))
+    assert all(isinstance(e, AgreementError) for e in got.values()), got
+    assert got[0].missing == got[1].missing == (2,) and got[2].missing == (2,)  # type: ignore[union-attr]
+    assert "rank 2 had not called check_agreement (ranks 0, 1 had)" in str(got[0]) and "timeout=0.4 s" in str(got[0])
+    assert "rank 0 gave up after waiting" in str(got[1]) and "arrived after the check" in str(got[2])
+    # a give-up after every rank was counted is void: rank 1 is counted last but slow to signal; rank 0 goes on
+    import threading
+    import time
+
+    def slow_last() -> None:
+        time.sleep(0.1)
+        store.set("k3/a1", "")
+        assert store.add("k3/n", 1) == 2
+        time.sleep(0.6)  # rank 0 gives up meanwhile (0.3 s), finds every rank counted, and waits for the signal
+        store.set("k3/go", "")
+
+    t = threading.Thread(target=slow_last)
+    t.start()
+    assert _arrive_all(store, "k3/", {0: (0, 0.3)}, (0, 1)) == {0: "go"}
+    t.join()

@@ -97,8 +97,9 @@ def _arguments(mixed: object, timeout: object, gather: object) -> tuple[float | 
     return wait_s, problems
 
 
-def _span(s: float | None) -> str:
-    return "without a limit" if s is not None and math.isinf(s) else f"{s:.3g} s"
+def _span(s: float) -> str:
+    """Seconds as people read them: ``"2 s"``, ``"1.25 s"``, ``"1800 s"``, or ``"without a limit"``."""
+    return "without a limit" if math.isinf(s) else f"{s:.3g} s" if s < 100 else f"{s:.0f} s"
 
 
 def check_agreement(
@@ -254,7 +255,7 @@ def _arrive(store: Any, key: str, me: int, ranks: Sequence[int], wait_s: float, 
         if aborts == 1 and arrived < size:  # this rank's abort is the one that counts
             waited = time.monotonic() - t0
             missing = [r for r in ranks if not store.check([f"{key}a{r}"])]
-            store.set(key + "abort", f"rank {me} gave up after waiting {waited:.3g} s")
+            store.set(key + "abort", f"rank {me} gave up after waiting {_span(waited)}")
             raise _missing_error(me, ranks, missing, wait_s, waited, default)
         # every rank had arrived before this abort (go is on its way), or another rank's abort decided first
         outcome = _settle(store, key)
@@ -311,8 +312,8 @@ def _late_error(store: Any, key: str, me: int, ranks: Sequence[int]) -> Agreemen
             break
         time.sleep(0.01)
     return AgreementError(
-        f"hwprofile: check_agreement on rank {me} arrived after the check of the {len(ranks)} ranks of its group had ended: {who}, "
-        f"and raised AgreementError naming rank {me} as missing. Every rank raises; none returns. Call check_agreement on every "
+        f"hwprofile: check_agreement on rank {me} arrived after the check of the {len(ranks)} ranks of its group had ended "
+        f"({who}, raising AgreementError). Every rank raises; none returns. Call check_agreement on every "
         "rank at the same point (after loading), or pass a timeout= that covers the spread of the ranks' arrivals.",
         missing=(me,),
     )
@@ -329,7 +330,7 @@ def _missing_error(
         who = f"every rank arrived, but {decided}" if decided else "every rank had marked its arrival, but not every rank was counted"
     why = f" ({decided})" if decided and missing else ""
     return AgreementError(
-        f"hwprofile: check_agreement on rank {me} waited {waited:.3g} s ({limit}) for the {len(ranks)} ranks of its group: {who}{why}. "
+        f"hwprofile: check_agreement on rank {me} waited {_span(waited)} ({limit}) for the {len(ranks)} ranks of its group: {who}{why}. "
         "Every rank that arrived raises this error, and a rank arriving later raises at once; no collective was issued. Every rank "
         "must call check_agreement after init_process_group and before the first forward; a rank that is still loading, crashed, "
         "or skipped the call would hang the job at its first collective. Raise timeout= if ranks legitimately arrive later.",
