@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_user_env_override_on_one_rank_is_named_with_its_variable(same: hd.RankS
     diffs, _ = hd.compare([same, summary(1), odd])
     assert keys(diffs) == [ROUTER]
     (d,) = diffs
-    assert d.values() == {"8": (0, 1), "4": (2,)} and d.scope == "present"
+    assert d.values() == {"8": (0, 1), "4": (2,)} and d.scope == "device"  # the key decides the scope, not who set it
     assert "HWPROFILE_ROUTER_GEMM_MAX_TOKENS" in d.holdings[1].sources[0] and "myengine-hwprofile" in d.holdings[0].sources[0]
     assert dict(d.holdings[1].hosts) == {"node-b": (2,)}
     msg = _compare._message(diffs, [same, odd], {("NVIDIA H200", "sm_90"): (0, 2)}, "error")
@@ -197,14 +198,14 @@ def test_mixed_models_error_and_allow() -> None:
     msg = _compare._message(diffs, ranks, models, "error")
     assert "mixed='allow'" in msg and "NVIDIA GB300 (sm_103)" in msg
     assert hd.compare(ranks, "allow")[0] == []
-    # allowed models must still agree on everything the user chose: an override on one GB300 rank is caught
+    # allowed models must still agree within each model: an override on one GB300 rank is caught among the GB300 ranks
     ranks[3] = summary(3, {"HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}, sim="gb300")
     diffs, _ = hd.compare(ranks, "allow")
-    assert keys(diffs) == [ROUTER] and diffs[0].values() == {"8": (0, 1, 2), "4": (3,)}
+    assert keys(diffs) == [ROUTER] and diffs[0].values() == {"8": (2,), "4": (3,)}
     # the same user choice on every rank agrees, also where another model's plugin does not know the key
     env = {"TORCH_CUDA_ARCH_LIST": "9.0a;10.3a", "HWPROFILE_ROUTER_GEMM_MAX_TOKENS": "4"}
     same_choice = [summary(r, env, sim=m) for r, m in enumerate(("h200", "h200", "gb300", "gb300"))]
-    assert same_choice[0].entries["env.TORCH_CUDA_ARCH_LIST"].scope == "present"
+    assert same_choice[0].entries["env.TORCH_CUDA_ARCH_LIST"].scope == "device"
     only_sm90 = hd.Entry('"1"', "set by the user (default '0' from hwprofile-sm90 0.1.0 not applied)", "present")
     same_choice[:2] = [s.replace(entries={**s.entries, "env.SM90_ONLY": only_sm90}) for s in same_choice[:2]]
     assert hd.compare(same_choice, "allow")[0] == []
@@ -213,6 +214,21 @@ def test_mixed_models_error_and_allow() -> None:
     ranks[3] = summary(3, {"HWPROFILE_DISABLE_PLUGINS": "sm100"}, sim="gb300")
     plugin = next(d for d in hd.compare(ranks, "allow")[0] if d.key == "plugin")
     assert plugin.values() == {"sm100": (2,), "none": (3,)}
+
+
+def test_mixed_allow_compares_values_never_provenance() -> None:
+    """An H200 rank's override equal to what its plugin gives H200 is no difference, with GB300 ranks holding their own value."""
+    plain = [summary(0, sim="h200"), summary(2, sim="gb300"), summary(3, sim="gb300")]
+    override = summary(1, {"HWPROFILE_GEMV_MAX_K": plain[0].entries["setting.gemv.max_k"].value}, sim="h200")
+    assert override.entries["setting.gemv.max_k"].source.startswith("env")  # the same value from another layer
+    assert plain[0].entries["setting.gemv.max_k"].value != plain[1].entries["setting.gemv.max_k"].value  # the models differ
+    ranks = [plain[0], override, *plain[1:]]
+    assert hd.compare(ranks, "allow")[0] == []
+    # a different value within one model is still caught, naming only that model's ranks
+    odd = summary(1, {"HWPROFILE_GEMV_MAX_K": "1024"}, sim="h200")
+    (d,) = hd.compare([plain[0], odd, *plain[1:]], "allow")[0]
+    assert d.key == "setting.gemv.max_k" and set(d.values()) == {plain[0].entries["setting.gemv.max_k"].value, "1024"}
+    assert sorted(r for h in d.holdings for r in h.ranks) == [0, 1]
 
 
 def test_mixed_models_of_one_architecture() -> None:
@@ -242,8 +258,25 @@ def test_mixed_is_validated() -> None:
         hd.check_agreement(mixed="yes")
     with pytest.raises(ValueError, match="mixed='warn'"):
         hd.compare([], "warn")
-    with pytest.raises(ValueError, match="positive number of seconds"):
-        hd.check_agreement(timeout=0)
+    for bad in (0, -1, float("nan"), timedelta(seconds=-2)):
+        with pytest.raises(ValueError, match=r"positive number of seconds \(float\('inf'\) waits without a limit\)"):
+            hd.check_agreement(timeout=bad)
+    for bad in (True, "30", [5]):
+        with pytest.raises(ValueError, match="give a number of seconds"):
+            hd.check_agreement(timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gather=1"):
+        hd.check_agreement(gather=1)  # type: ignore[arg-type]
+    assert _collective._seconds(float("inf")) == float("inf") and _collective._seconds(timedelta(minutes=1)) == 60.0
+    assert _collective._seconds(None) is None
+
+
+def test_record_is_128_bytes_and_carries_the_arguments() -> None:
+    """The record holds the whole SHA-256 digest (the verdict), the fingerprint as text (the table) and the arguments."""
+    assert hd.RECORD_BYTES == 128
+    rec = _collective._RECORD.pack(_collective._PROTOCOL, 0, 1, 1, float("nan"), 3, 2, b"\x01" * 32, b"0123456789abcdef", b"node-a")
+    fields = _collective._RECORD.unpack(rec)
+    assert fields[7] == b"\x01" * 32 and _collective._text(fields[8]) == "0123456789abcdef" and _collective._text(fields[9]) == "node-a"
+    assert _collective._timeout_text(fields[4]) == "None" and _collective._timeout_text(float("inf")) == "float('inf')"
 
 
 def test_needs_an_initialised_process_group() -> None:
@@ -378,6 +411,54 @@ def test_bringup_backend_needs_a_gpu_per_local_rank(monkeypatch: pytest.MonkeyPa
         assert "needs one GPU per rank" in err and f"runs {local} ranks" in err and "--backend gloo" in err
         assert not chosen
     else:
-        with pytest.raises(Stop):
-            hd.main(["--backend", asked])
-        assert chosen == [want]
+        assert hd.main(["--backend", asked]) == 1  # a group that cannot form is a clear error, not a traceback
+        assert chosen == [want] and "did not all join within --timeout 120 s" in capsys.readouterr().err
+
+
+def _arrive_all(store: object, key: str, plan: dict[int, tuple[float, float]], ranks: tuple[int, ...]) -> dict[int, object]:
+    """Run ``_collective._arrive`` for each rank in a thread: rank -> (delay before arriving, its timeout); what each got."""
+    import threading
+    import time
+
+    got: dict[int, object] = {}
+
+    def one(rank: int, delay: float, wait_s: float) -> None:
+        time.sleep(delay)
+        try:
+            _collective._arrive(store, key, rank, ranks, wait_s, False)
+            got[rank] = "go"
+        except AgreementError as exc:
+            got[rank] = exc
+
+    threads = [threading.Thread(target=one, args=(r, *plan[r])) for r in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def test_arrival_is_one_outcome_for_every_rank() -> None:
+    """The store orders arrivals against a give-up: all go, or all raise (a late rank at once), naming only the absent."""
+    store = dist.HashStore()
+    assert _arrive_all(store, "k1/", {0: (0, 5), 1: (0.1, 5), 2: (0.2, 5)}, (0, 1, 2)) == {0: "go", 1: "go", 2: "go"}
+    got = _arrive_all(store, "k2/", {0: (0, 0.4), 1: (0.1, 0.6), 2: (1.2, 5)}, (0, 1, 2))
+    assert all(isinstance(e, AgreementError) for e in got.values()), got
+    assert got[0].missing == got[1].missing == (2,) and got[2].missing == (2,)  # type: ignore[union-attr]
+    assert "rank 2 had not called check_agreement (ranks 0, 1 had)" in str(got[0]) and "timeout=0.4 s" in str(got[0])
+    assert "rank 0 gave up after waiting" in str(got[1]) and "arrived after the check" in str(got[2])
+    # a give-up after every rank was counted is void: rank 1 is counted last but slow to signal; rank 0 goes on
+    import threading
+    import time
+
+    def slow_last() -> None:
+        time.sleep(0.1)
+        store.set("k3/a1", "")
+        assert store.add("k3/n", 1) == 2
+        time.sleep(0.6)  # rank 0 gives up meanwhile (0.3 s), finds every rank counted, and waits for the signal
+        store.set("k3/go", "")
+
+    t = threading.Thread(target=slow_last)
+    t.start()
+    assert _arrive_all(store, "k3/", {0: (0, 0.3)}, (0, 1)) == {0: "go"}
+    t.join()

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl with a GPU per local rank, else gloo")
     p.add_argument("--mixed", choices=list(MIXED_CHOICES), default="error", help="allow: accept different GPU models that otherwise agree")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every rank (default 120)")
+    p.add_argument("--timeout", type=_positive_seconds, default=120.0, help="seconds to wait for every rank (default 120)")
     p.add_argument("--json", action="store_true", help="rank 0 prints the result as JSON")
     args = p.parse_args(argv)
 
@@ -72,15 +72,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         torch.cuda.set_device(_local_rank() or 0)
-    timeout = timedelta(seconds=max(args.timeout, 1.0) + 30)
-    dist.init_process_group(backend, timeout=timeout)
+    world = int(os.environ["WORLD_SIZE"])
+    joined = _join(dist, backend, rank, world, args.timeout)
+    if joined:
+        print(f"hwprofile.distributed: rank {rank}: error: {joined}", file=sys.stderr)
+        return 1
     together = True  # every rank reached the end of the check: they can leave together
     try:
         try:
             agreement = check_agreement(mixed=args.mixed, timeout=args.timeout, gather=True)
         except AgreementError as exc:
-            together = bool(exc.differences)
-            if rank == 0 or not exc.differences:  # every rank knows the differences; a missing rank is seen by each waiting one
+            together = bool(exc.ranks)  # the ranks exchanged their records (a difference, a refusal), not a timeout
+            if rank == 0 or not exc.ranks:  # every rank knows the exchanged verdict; a missing rank is seen by each waiting one
                 if args.json:
                     print(json_dumps({"agree": False, "error": str(exc), "ranks": [_row(r) for r in exc.ranks]}))
                 else:
@@ -102,6 +105,56 @@ def main(argv: Sequence[str] | None = None) -> int:
             # ("terminate called without an active exception"): leave together.
             dist.barrier()
             dist.destroy_process_group()
+
+
+def _positive_seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (s > 0 and math.isfinite(s)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive, finite number of seconds")
+    return s
+
+
+def _join(dist: Any, backend: str, rank: int, world: int, timeout_s: float) -> str:
+    """Initialise the process group within ``timeout_s``; the reason it could not (empty: joined).
+
+    A rank other than 0 first waits for rank 0's store to accept connections (torch's own client
+    retries for several times the timeout, logging a C++ traceback per try); rank 0 waits for the
+    others in torch's rendezvous, bounded by the same timeout.
+    """
+    import socket
+    import time
+
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    start = time.monotonic()
+    if rank != 0:
+        while True:
+            try:
+                with socket.create_connection((addr, port), timeout=max(0.1, min(1.0, timeout_s))):
+                    break
+            except OSError as exc:
+                if time.monotonic() - start > timeout_s:
+                    return (
+                        f"nothing answered at MASTER_ADDR:MASTER_PORT ({addr}:{port}) within --timeout {timeout_s:g} s ({exc}): "
+                        f"rank 0 of the {world} ranks is not running, or runs elsewhere. Start every rank (torchrun starts them all), "
+                        "or raise --timeout."
+                    )
+                time.sleep(0.1)
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=max(0.1, timeout_s - (time.monotonic() - start))))
+    except Exception as exc:  # noqa: BLE001 - a rank that never joined: torch's DistStoreError, DistNetworkError, gloo's RuntimeError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (
+            f"the {world} ranks of the job did not all join within --timeout {timeout_s:g} s "
+            f"(waited {time.monotonic() - start:.1f} s; torch.distributed said: {first}). Start every rank (torchrun starts "
+            "them all; by hand, each with its own RANK and the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT), or raise --timeout."
+        )
+    return ""
 
 
 def json_dumps(doc: Any) -> str:

@@ -250,7 +250,7 @@ def _message(
     return "\n".join(lines)
 
 
-def _check_mixed(mixed: str) -> None:
+def _check_mixed(mixed: object) -> None:
     if mixed not in MIXED_CHOICES:
         raise ValueError(f"check_agreement(mixed={mixed!r}): use 'error' (every rank must run the same GPU model) or 'allow'")
 

@@ -30,9 +30,11 @@ log = get_logger("hwprofile.distributed")  # the package's logger, as before it 
 
 # Scopes of a compared key (_SCOPES lists them weakest first; _compare.compare gives a key the strictest scope any rank gives it):
 #   job     must be equal on every rank of the group (software versions, deterministic/strict, downstream plugins)
-#   present must be equal on every rank that has it (an architecture plugin's version, a value the user set)
+#   present must be equal on every rank that has it (an architecture plugin's version: H100 and H200 ranks share sm90)
 #   device  follows from the GPU model: with mixed="allow" it is compared only among ranks with the same model
 #   model   the GPU model itself (name, capability): with mixed="allow" it may differ
+# A key's scope follows from the key alone, never from its provenance: values, never provenance, are compared, so a
+# user's override equal to what the plugin gives that model is no difference (it would be, were "the user set it" a scope).
 _SCOPES: Final = ("model", "device", "present", "job")
 _JOB_SETTINGS: Final = ("deterministic", "strict")  # modes the user picks for the whole job
 
@@ -194,10 +196,9 @@ def profile_entries(prof: Profile, environ: Mapping[str, str] | None = None) -> 
     out["device.name"] = Entry(d.name, where, "model")
     out["device.capability"] = Entry(f"{d.compute_capability[0]}.{d.compute_capability[1]}", where, "model")
     p = prof.plugin
-    pinned = _env.PLUGIN.read(env) or ""
     disable = _env.DISABLE_PLUGINS.name
     reason = prof.selection.reason + (f" ({disable}={env[disable]})" if env.get(disable) else "")
-    out["plugin"] = Entry(p.name if p else "none", reason, "job" if pinned else "device")
+    out["plugin"] = Entry(p.name if p else "none", reason, "device")  # a pin (HWPROFILE_PLUGIN) is provenance: in the reason
     out["plugin.target"] = Entry(prof.target or "none", reason, "device")
     for part in prof.participants:
         ident = f"{part.distribution} {part.version}" if part.distribution else f"not installed as a distribution ({part.module})"
@@ -205,14 +206,13 @@ def profile_entries(prof: Profile, environ: Mapping[str, str] | None = None) -> 
             out[f"plugin.{part.name}"] = Entry(ident, f"architecture plugin selected for {d.sm}", "present")
         else:
             out[f"plugin.{part.name}"] = Entry(ident, "downstream plugin (takes part in every profile)", "job")
-    # A value the user chose (an env var) is the user's choice for every rank, whatever its GPU model: it must agree on
-    # every rank that has the key ("present": a key only another model's plugin declares is absent there, not different).
+    # Where a value came from (plugin, tuned file, the user's environment) is shown, never compared, and never widens the
+    # comparison: with mixed="allow" a setting is compared among the ranks of one model whoever set it.
     for key, s in prof.settings.items():
-        scope = "job" if key in _JOB_SETTINGS else "present" if s.winner.kind == "env" else "device"
-        out[f"setting.{key}"] = Entry(_text(s.value), _setting_source(s), scope)
+        out[f"setting.{key}"] = Entry(_text(s.value), _setting_source(s), "job" if key in _JOB_SETTINGS else "device")
     for name, e in prof.env_defaults.items():
         if e.user_set:
-            out[f"env.{name}"] = Entry(_text(e.user_value), f"set by the user (default {e.value!r} from {e.source} not applied)", "present")
+            out[f"env.{name}"] = Entry(_text(e.user_value), f"set by the user (default {e.value!r} from {e.source} not applied)", "device")
         else:
             out[f"env.{name}"] = Entry(_text(e.value), f"env default from {e.source}", "device")
     for op, spec in prof.kernels.items():
