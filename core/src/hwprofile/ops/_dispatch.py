@@ -284,6 +284,10 @@ def _reinit_locks_in_child() -> None:
     _tables_lock = threading.RLock()
 
 
+#: called with each new dispatch table before any op uses it (``hwprofile.ops`` adds the opt-in self-test)
+on_new_table: list[Callable[[_Table], None]] = []
+
+
 def table(index: int) -> _Table:
     """Device ``index``'s dispatch table, rebuilt when its profile changed (the memos go with the old one)."""
     t = _tables.get(index)
@@ -295,6 +299,8 @@ def table(index: int) -> _Table:
                     _forget()  # memo entries hold the replaced table
                 t = _Table(profile(index))
                 _tables[index] = t
+                for hook in on_new_table:  # under the lock: other threads wait for the table's self-test
+                    hook(t)
     return t
 
 

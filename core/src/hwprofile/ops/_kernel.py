@@ -76,7 +76,7 @@ def launch(
     warning naming kernel, device and error) and the op falls back from then on; strict mode
     raises it. The launcher seam: CPU tests replace it with a fake that computes the result in torch.
     """
-    if op in t.errors:  # failed here before (warned then): the fallback, silently
+    if op in t.errors and not t.strict:  # failed here before (warned then): the fallback, silently; strict tries and raises
         return False
     split = t.split_k if split_k is None else split_k
     go = t.launches.get((op, m, n, k, mode, split)) or _load(t, op, m, n, k, mode, split)
