@@ -19,7 +19,7 @@ from hwprofile.optable import OPS
 
 ROOT = Path(__file__).resolve().parents[2]
 #: one simulated device per target a plugin serves, read from the catalog (never a hand-made list)
-SIMS = sorted({e.compute_capability: name for name, e in reversed(list(catalog.CATALOG.items())) if e.compute_capability >= (9, 0)}.values())
+SIMS = sorted({e.compute_capability: name for name, e in reversed(catalog.CATALOG.items()) if e.compute_capability >= (9, 0)}.values())
 
 
 def _profile(sim: str) -> Any:

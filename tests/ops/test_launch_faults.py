@@ -24,9 +24,12 @@ torch = pytest.importorskip("torch")
 import hwprofile  # noqa: E402
 from hwprofile import catalog, ops  # noqa: E402
 from hwprofile.errors import KernelError  # noqa: E402
-from hwprofile.kernels import _pipeline  # noqa: E402
+from hwprofile.kernels import (  # noqa: E402
+    _pipeline,
+    limits,
+    skinny_gemm,
+)
 from hwprofile.kernels import launch as klaunch  # noqa: E402
-from hwprofile.kernels import limits, skinny_gemm  # noqa: E402
 from hwprofile.kernels.spec import Launch  # noqa: E402
 from hwprofile.optable import OPS  # noqa: E402
 

@@ -275,14 +275,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from . import tuning
     from .optable import owner
 
-    why = tuning.unmeasured(prof).get(s.key)
-    if why is not None:
-        op = owner(s.key)
-        print(f"  {why}")
-        print(f"  measure it with: hwprofile sweep {op.name if op else '<op>'} (on this GPU)")
+    op = owner(s.key)
+    unmeasured = tuning.unmeasured(prof).get(s.key)
+    if unmeasured is not None and op is not None:
+        print(f"  {unmeasured}")
+        print(f"  measure it with: hwprofile sweep {op.name} (on this GPU)")
     verdict = _selftest_line(prof, s.key)
-    if verdict is not None:
-        print(f"  self-test of the {owner(s.key).name if owner(s.key) else ''} kernel on this device: {verdict}")
+    if verdict is not None and op is not None:
+        print(f"  self-test of the {op.name} kernel on this device: {verdict}")
     return 0
 
 
@@ -291,9 +291,10 @@ def _selftest_line(prof: Any, key: str) -> str | None:
     from .optable import owner
 
     op = owner(key)
-    if op is None or op.name not in prof.kernels or prof.device.simulated:
-        return None
     from . import selftest
+
+    if op is None or op.name not in prof.kernels or not selftest.on_gpu(prof):
+        return None
 
     return next((row["state"] for row in selftest.summary(prof) if row["op"] == op.name), None)
 
@@ -303,7 +304,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     from . import selftest
 
     prof = _profile(args)
-    if prof.device.simulated:
+    if not selftest.on_gpu(prof):
         raise DeviceError(
             f"selftest runs kernels on the GPU in hand; device {prof.device.index} is simulated ({_env.DEVICE.name} is set): "
             f"unset {_env.DEVICE.name} on a machine with the GPU"
@@ -657,7 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
     s = sub.add_parser(
-        "selftest", parents=[device, js], help="run every kernel the device can dispatch against float64 and record the verdicts (needs the GPU)"
+        "selftest", parents=[device, js],
+        help="run every kernel the device can dispatch against float64 and record the verdicts (needs the GPU)",
     )
     s.add_argument("--force", action="store_true", help="run every instance again, even those with a verdict whose stamp matches")
     s.set_defaults(fn=cmd_selftest)

@@ -223,9 +223,10 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
 
 def _selftest(prof: Any) -> list[dict[str, Any]] | None:
     """The stored self-test verdicts of a real device's kernels, per op (None for a simulated device: nothing ran there)."""
-    if prof.device.simulated or not prof.kernels:
-        return None
     from . import selftest
+
+    if not selftest.on_gpu(prof) or not prof.kernels:
+        return None
 
     try:
         return selftest.summary(prof)

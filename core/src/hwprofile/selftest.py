@@ -223,7 +223,7 @@ def run(prof: Profile, *, runner: Runner | None = None, force: bool = False, app
     good, todo = stored(prof) if not force else ([], cases(prof))
     table = _dispatch.table(prof.device.index)
     go = runner or gpu_runner
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     fresh = []
     for c in todo:
         try:

@@ -41,7 +41,8 @@ class Limits(NamedTuple):
 
 def _row(cc: tuple[int, int], threads_sm: int, smem_block_kib: int, smem_sm_kib: int) -> Limits:
     clusters = cc >= (9, 0)
-    return Limits(cc, 1024, threads_sm, 255, 64 * _KIB, 64 * _KIB, smem_block_kib * _KIB, smem_sm_kib * _KIB, clusters, 8 if clusters else 1)
+    smem_block, smem_sm = smem_block_kib * _KIB, smem_sm_kib * _KIB
+    return Limits(cc, 1024, threads_sm, 255, 64 * _KIB, 64 * _KIB, smem_block, smem_sm, clusters, 8 if clusters else 1)
 
 
 #: compute capability -> its limits (the guide's table, columns 8.0 .. 12.1)

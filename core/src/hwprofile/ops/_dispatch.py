@@ -117,11 +117,12 @@ def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = 
     """The routing function: ``None`` (take the kernel) or the name of the first gate that says no.
 
     Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
-    ``no_kernel``, ``failed`` (the kernel did not build or load here), ``m``, ``n``,
-    ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback is near the bandwidth
-    roof), ``plan`` (the kernel's planner cannot plan the shape, or plans past the target's limits:
-    a gate that refuses, so no planner error reaches the op), ``layout`` (an operand is not contiguous or not 16-byte aligned; checked only when
-    ``operands`` are given). Bounds are those of the measured region: outside it, the fallback.
+    ``no_kernel``, ``failed`` (the kernel did not build, load or launch here, or failed its
+    self-test), ``m``, ``n``, ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback
+    is near the bandwidth roof), ``plan`` (the kernel's planner cannot plan the shape, or plans past
+    the target's limits: a gate that refuses, so no planner error reaches the op), ``layout`` (an
+    operand is not contiguous or not 16-byte aligned; checked only when ``operands`` are given).
+    Bounds are those of the measured region: outside it, the fallback.
     """
     if not (m and n and k):
         return "empty"

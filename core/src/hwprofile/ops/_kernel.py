@@ -84,7 +84,7 @@ def launch(
         return False
     try:
         go(raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k)
-    except Exception as exc:  # noqa: BLE001 - every launch fault is the documented fallback (strict: raised)
+    except Exception as exc:
         err = exc if isinstance(exc, KernelError) else KernelError(f"launching the {op} kernel: {type(exc).__name__}: {exc}")
         if t.strict:
             if err is exc:
