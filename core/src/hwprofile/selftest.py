@@ -279,11 +279,10 @@ def gpu_runner(table: _dispatch._Table, case: Case) -> Outcome:
         scale = (torch.rand(1 if case.scale == TENSOR_SCALE else n, device=dev, generator=gen) + 0.5).float()
     out = torch.full((m, n), float("nan"), device=dev, dtype=getattr(torch, d.out_dtype))  # an unwritten element fails
     _kernel.check_operands(case.op, table.index, _dispatch._cpu_index, out, x, w, scale)
-    with warnings.catch_warnings(record=True):  # a launch fault warns once through _kernel.launch; recorded here instead
-        warnings.simplefilter("always")
-        ok = _kernel.launch(table, case.op, out, x, w, scale, m, n, k, case.scale, bool(table.prof["gemv.split_k"]))
-        if ok:
-            torch.cuda.synchronize(dev)
+    # a fault to build, load or launch warns once there (naming kernel, device, error) and fails the op on the table
+    ok = _kernel.launch(table, case.op, out, x, w, scale, m, n, k, case.scale, bool(table.prof["gemv.split_k"]))
+    if ok:
+        torch.cuda.synchronize(dev)
     if not ok:
         return Outcome(False, None, table.errors.get(case.op, "the kernel could not be built, loaded or launched"))
     wd = w.double() * (scale.double().reshape(-1, 1) if scale is not None else 1)
