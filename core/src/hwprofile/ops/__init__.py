@@ -110,7 +110,8 @@ def run_kernel(op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sca
     For sweeps, benchmarks and kernel tests, which must run the kernel also outside the region
     dispatch sends to it. Every operand is checked (a ValueError names the argument); ``split_k``
     None takes the profile's ``gemv.split_k``. Returns False, after one warning, when the kernel
-    cannot be built or loaded on this device (``HWPROFILE_STRICT=1``: the error is raised).
+    cannot be built, loaded or launched on this device, or failed here before (``HWPROFILE_STRICT=1``:
+    the error is raised).
     """
     _entry(op)
     register()

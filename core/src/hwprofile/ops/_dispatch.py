@@ -14,7 +14,7 @@ H200 and +1.26 to +3.61 µs end to end on host-bound shapes: not met. Anything e
 ``out``. Under ``torch.compile``
 :func:`call` hands the call to the op's ``torch.ops.hwprofile.<op>`` custom op (``_library``).
 
-A kernel that fails to build or load warns once and the op falls back from then on
+A kernel that fails to build, load or launch (or its self-test) warns once and the op falls back from then on
 (``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
 """
 
