@@ -69,7 +69,7 @@ class ForcedFailure:
         return [self.base.replace(configure=self.configure)]
 
 
-@pytest.mark.parametrize("kind", ["cluster", "threads", "smem"])
+@pytest.mark.parametrize("kind", ["threads", "smem", "cluster"])
 def test_forced_launch_failure_falls_back_with_one_warning(gpu: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     n, k = 2048, 4096
     base = gpu.kernels["gemv"]
@@ -79,6 +79,8 @@ def test_forced_launch_failure_falls_back_with_one_warning(gpu: Any, kind: str, 
     hwprofile.reset()
     hwprofile.profiles.registry().register(ForcedFailure(base, kind), "forced-launch-failure")
     ops.reset_dispatch()
+    assert hwprofile.profile(0).kernels["gemv"].plugin == "forced-launch-failure"
+    ops._dispatch.table(0)  # resolved before the warning is awaited: only the launch may warn inside
     x = torch.randn(1, k, device="cuda").bfloat16()
     w = torch.randn(n, k, device="cuda").bfloat16()
     ref = torch.nn.functional.linear(x, w)
