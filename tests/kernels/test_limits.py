@@ -18,14 +18,17 @@ from hwprofile.kernels.skinny_gemm import PREBUILT_SHAPES
 from hwprofile.optable import OPS
 
 ROOT = Path(__file__).resolve().parents[2]
-#: one simulated device per target a plugin serves, read from the catalog (never a hand-made list)
-SIMS = sorted({e.compute_capability: name for name, e in reversed(catalog.CATALOG.items()) if e.compute_capability >= (9, 0)}.values())
+#: one simulated device per compute capability, read from the catalog (never a hand-made list)
+SIMS = sorted({e.compute_capability: name for name, e in reversed(catalog.CATALOG.items())}.values())
 
 
 def _profile(sim: str) -> Any:
     with mock.patch.dict(os.environ, {"HWPROFILE_DEVICE": sim}):
         hwprofile.reset()
-        return hwprofile.profile(0)
+        prof = hwprofile.profile(0)
+    if not prof.kernels:
+        pytest.skip(f"{sim}: no installed plugin with kernels serves it")
+    return prof
 
 
 def test_the_table_agrees_with_the_catalog() -> None:
