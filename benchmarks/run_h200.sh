@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests ops eager floor engine sweeps variants counters clocks import agreement)
+SUITES=(tests firstrun ops eager floor engine sweeps variants counters clocks import agreement)
 
 usage() {
   cat <<'EOF'
@@ -20,6 +20,8 @@ the host; each run installs it into $SITE (default /tmp/site) and puts that on P
 
 suites (raw output in benchmarks/h200/<date>-<suite>/):
   tests      the whole test suite on the GPU (gpu_tests.log, entrypoints.txt); TESTS="paths" narrows it
+  firstrun   hwprofile selftest twice (fresh, then reused verdicts), doctor, the first-run GPU tests (forced
+             launch failures through a test plugin) and the GPU suites (selftest*.txt, doctor.txt, first_run.log)
   ops        bench_ops.py: every kernel against its fallback, GPU time, cold L2 (bench.log/json, *.png)
   eager      bench_ops.py eager, pinned to one core: eager host cost of each op (eager.log/json)
   floor      bench_ops.py floor twice, pinned: the op's own cost and the wrapper floor (floor_N.log/json)
@@ -142,6 +144,19 @@ PY
   step gpu_tests.log python3 -m pytest -q -p no:cacheprovider "${ign[@]}" "${paths[@]}"
   tail -4 "$D/gpu_tests.log"
   grep -E "^FAILED" "$D/gpu_tests.log"
+}
+
+suite_firstrun() {
+  export HWPROFILE_CONFIG_DIR="$D/config"  # the verdict files land in the suite's folder
+  step selftest.txt hw selftest --force
+  step selftest_reused.txt hw selftest
+  step selftest.json hw selftest --json
+  step doctor.txt hw doctor
+  step first_run.log python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_gpu_first_run.py tests/kernels/test_gpu_kernels.py \
+    tests/ops/test_ops_gpu.py plugins/sm90/tests/test_sm90_kernels_gpu.py -s
+  unset HWPROFILE_CONFIG_DIR
+  tail -3 "$D/selftest.txt"
+  grep -E "failed to launch|passed|failed" "$D/first_run.log" | tail -8
 }
 
 suite_ops() {

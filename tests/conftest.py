@@ -76,7 +76,10 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("HWPROFILE_STRICT", "1")
     hwprofile.reset()
     ops.reset_dispatch()
-    return ops._dispatch.table(0)
+    t = ops._dispatch.table(0)
+    if not t.prof.kernels:  # a GPU no architecture plugin with kernels serves: nothing of ours to test on it
+        pytest.skip(f"{t.prof.device.name}: no architecture plugin with kernels serves it")
+    return t
 
 
 def rel(out: Any, ref: Any) -> float:

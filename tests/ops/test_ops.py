@@ -150,9 +150,16 @@ def test_sm120_predicate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "rtx-pro-6000")
     hwprofile.reset()
     p = hwprofile.profile(0)
-    assert ops.decide("gemv", p, m=1, n=4096, k=17408).path == "kernel"
-    assert ops.decide("gemv", p, m=1, n=4096, k=17920).path == "fallback"
+    # the plugin's unmeasured box: what the H200 sweep won (hwprofile_sm120's rule "H200 box")
+    assert ops.decide("gemv", p, m=1, n=4096, k=7168).path == "kernel"
+    assert ops.decide("gemv", p, m=1, n=4096, k=7680).gate == "k"
     assert ops.decide("fp8_gemv", p, m=1, n=28672, k=4096).path == "kernel"
+    # a user who raises the bound gets the kernel as far as its planner takes it, the fallback past that
+    monkeypatch.setenv("HWPROFILE_GEMV_MAX_K", "17920")
+    hwprofile.reset()
+    p = hwprofile.profile(0)
+    assert ops.decide("gemv", p, m=1, n=4096, k=17408).path == "kernel"
+    assert ops.decide("gemv", p, m=1, n=4096, k=17920).path == "kernel"  # split-K widens the cluster until x fits
 
 
 def test_no_plugin_means_fallback_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
-"""The public ops on a real sm_90 GPU: every path, the engine's calling conventions, the peers' shapes,
-fallback precision against the kernel's, torch.compile and CUDA graphs (skipped cleanly without the GPU)."""
+"""The public ops on the real GPU in hand (any; its plugin's kernels and thresholds): every path, the engine's
+calling conventions, the peers' shapes, fallback precision against the kernel's, torch.compile and CUDA graphs
+(skipped cleanly without the GPU)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import hwprofile
 from hwprofile import ops
 from hwprofile.optable import OPS
 
-pytestmark = pytest.mark.hwprofile_gpu("sm_90")
+pytestmark = pytest.mark.hwprofile_gpu()  # whatever GPU is present, through its own plugin's kernels
 torch = pytest.importorskip("torch")
 
 
@@ -22,6 +23,13 @@ def strict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "myengine")  # the architecture plugin's own thresholds
     hwprofile.reset()
     ops.reset_dispatch()
+    if not hwprofile.profile(0).kernels:
+        pytest.skip(f"{hwprofile.profile(0).device.name}: no architecture plugin with kernels serves it")
+
+
+def takes_kernel(op: str, m: int, n: int, k: int) -> int:
+    """1 if the device's profile sends this shape to the kernel, else 0 (the expected step of the kernel count)."""
+    return int(ops.decide(op, hwprofile.profile(0), m=m, n=n, k=k).path == "kernel")
 
 
 def bf16(*shape: int) -> Any:
@@ -56,7 +64,7 @@ def test_sglang_router_shapes_take_the_kernel(tokens: int, experts: int) -> None
     h, w = bf16(tokens, 7168), bf16(experts, 7168)
     before = counts("router_gemm")["kernel"]
     out = ops.router_gemm(h, w)
-    assert counts("router_gemm")["kernel"] == before + 1
+    assert counts("router_gemm")["kernel"] == before + takes_kernel("router_gemm", tokens, experts, 7168)
     assert out.dtype == torch.float32 and rel(out, h.double() @ w.double().t()) < 1e-5
     assert torch.allclose(out, h.float() @ w.float().t(), rtol=5e-2, atol=1e-3)  # TensorRT-LLM's tolerance
 
@@ -99,7 +107,7 @@ def test_fp8_fallback_is_at_least_as_precise_as_the_kernel(n: int, k: int, per_r
     r = x.double() @ (w.double() * scale.double().reshape(-1, 1)).t()
     before = counts("fp8_gemv")["kernel"]
     out = ops.fp8_gemv(x, w, scale)
-    assert counts("fp8_gemv")["kernel"] == before + 1
+    assert counts("fp8_gemv")["kernel"] == before + takes_kernel("fp8_gemv", 1, n, k)
     fb = ops.fallback("fp8_gemv")(x, w, scale)
     e_k, e_f = rel(out, r), rel(fb, r)
     assert e_f <= e_k * 1.05 + 1e-7, (e_k, e_f)

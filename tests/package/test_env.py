@@ -97,7 +97,7 @@ def test_every_record_is_complete() -> None:
 ON = ["1", "true", "yes", "on", "TRUE", " On ", "Yes"]
 OFF = ["0", "false", "no", "off", "OFF", " False "]
 BAD_SWITCH = ["", "2", "maybe", "enabled", "disabled", "y", "n", "o n"]
-SWITCHES = {_env.PLUGIN_FORCE, _env.CACHE, _env.STRICT, _env.DETERMINISTIC}
+SWITCHES = {_env.PLUGIN_FORCE, _env.CACHE, _env.STRICT, _env.DETERMINISTIC, _env.SELFTEST}
 
 #: Per variable: accepted text -> value, and refused texts (empty when it accepts anything).
 CASES: dict[str, tuple[dict[str, Any], list[str]]] = {

@@ -224,6 +224,12 @@ DETERMINISTIC: Final[Var[bool]] = Var(
     "keep every op on its torch fallback (deterministic-inference mode)",
     f"one of {SWITCH_VALUES}", switch, False, setting="deterministic",
 )
+SELFTEST: Final[Var[bool]] = Var(
+    PREFIX + "SELFTEST",
+    "check every kernel a device can dispatch against float64 when an op first runs there (as 'hwprofile selftest'); "
+    "stored verdicts whose stamps match are reused, a failing kernel is disabled with one warning",
+    f"one of {SWITCH_VALUES}", switch, False, unset="off: kernels are not self-tested",
+)
 TRACEBACK: Final[Var[bool]] = Var(
     PREFIX + "TRACEBACK",
     "the hwprofile command shows the traceback of an unexpected error instead of one line",
@@ -232,5 +238,6 @@ TRACEBACK: Final[Var[bool]] = Var(
 
 #: Every control variable, in the order docs/architecture.md lists them: every reader iterates this.
 VARS: Final[tuple[Var[Any], ...]] = (
-    DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, TRACEBACK,
+    DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, SELFTEST,
+    TRACEBACK,
 )

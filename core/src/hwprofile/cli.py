@@ -243,6 +243,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
                 c = tuning.assess(prof, layer.stamp)
                 out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
+        doc["unmeasured"] = tuning.unmeasured(prof).get(args.key)
+        doc["selftest"] = _selftest_line(prof, args.key)
         print(json.dumps(doc, indent=2, default=str))
         return 0
     s = r.setting
@@ -273,6 +275,61 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 print(f"        {what}")
             if c.stale:
                 print(f"        re-measure with: hwprofile sweep {st.op}")
+    from . import tuning
+    from .optable import owner
+
+    op = owner(s.key)
+    unmeasured = tuning.unmeasured(prof).get(s.key)
+    if unmeasured is not None and op is not None:
+        print(f"  {unmeasured}")
+        print(f"  measure it with: hwprofile sweep {op.name} (on this GPU)")
+    verdict = _selftest_line(prof, s.key)
+    if verdict is not None and op is not None:
+        print(f"  self-test of the {op.name} kernel on this device: {verdict}")
+    return 0
+
+
+def _selftest_line(prof: Any, key: str) -> str | None:
+    """The stored self-test verdict of the kernel of the op owning ``key`` on a real device (None: no such op or kernel, or simulated)."""
+    from .optable import owner
+
+    op = owner(key)
+    from . import selftest
+
+    if op is None or op.name not in prof.kernels or not selftest.on_gpu(prof):
+        return None
+
+    return next((row["state"] for row in selftest.summary(prof) if row["op"] == op.name), None)
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """Run every kernel instance the device can dispatch against float64; 0 if every verdict passed, 1 otherwise."""
+    from . import selftest
+
+    prof = _profile(args)
+    if not selftest.on_gpu(prof):
+        raise DeviceError(
+            f"selftest runs kernels on the GPU in hand; device {prof.device.index} is simulated ({_env.DEVICE.name} is set): "
+            f"unset {_env.DEVICE.name} on a machine with the GPU"
+        )
+    if not prof.kernels:
+        print(f"{prof.device.name}: {prof.plugin.name if prof.plugin else 'no architecture plugin'} provides no kernel: nothing to check")
+        return 0
+    report = selftest.run(prof, force=args.force, apply=False)
+    if args.json:
+        print(json.dumps({"device": report.device, "path": str(report.path), "ok": report.ok,
+                          "verdicts": [{**v.as_dict(), "fresh": v.fresh} for v in report.verdicts]}, indent=2))
+        return 0 if report.ok else 1
+    rows = [[v.op, v.instance, "x".join(map(str, v.shape)), "pass" if v.ok else "FAIL",
+             "-" if v.rel_error is None else f"{v.rel_error:.2g}", "run now" if v.fresh else f"stored {v.date}", v.error]
+            for v in report.verdicts]
+    print(table(rows, ["op", "instance", "MxNxK", "verdict", "rel. error", "when", "error"]))
+    failed = sorted({v.op for v in report.verdicts if not v.ok})
+    print(f"\n{len(report.verdicts)} instances on {report.device}; verdicts in {report.path}")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}: with {_env.SELFTEST.name}=1 these kernels are disabled on this device (the op falls back)")
+        return 1
+    print("every instance passed")
     return 0
 
 
@@ -776,6 +833,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens")
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
+    s = sub.add_parser(
+        "selftest", parents=[device, js],
+        help="run every kernel the device can dispatch against float64 and record the verdicts (needs the GPU)",
+    )
+    s.add_argument("--force", action="store_true", help="run every instance again, even those with a verdict whose stamp matches")
+    s.set_defaults(fn=cmd_selftest)
     s = sub.add_parser("env", parents=[device, simulate], help="env defaults that would be applied (never ones you set)")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="machine-readable output")

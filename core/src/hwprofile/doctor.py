@@ -182,7 +182,7 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
     problems: list[Check] = []
     for d in det.devices:
         row = {**d.as_dict(), "plugin": None, "plugin_distribution": None, "plugin_version": None, "target": None, "fingerprint": None,
-               "tuned_dir": _tuned_dir(d), "error": None}
+               "tuned_dir": _tuned_dir(d), "error": None, "selftest": None}
         r.devices.append(row)
         try:
             prof = profile(d.index)
@@ -194,6 +194,7 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
         row.update(plugin=p.name if p else None, plugin_distribution=p.distribution if p else None,
                    plugin_version=p.version if p else None, target=prof.target, fingerprint=prof.fingerprint)
         out.append((d.index, prof.target, prof))
+        row["selftest"] = _selftest(prof)
     if det.devices:
         return out, problems
     from ._entrypoints import natural_key
@@ -218,6 +219,19 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
                     seen.add(text)
                     problems.append(Check(f"profile for {target}", "FAIL", text, _FIX_PROFILE + f" show --simulate {info.sm}"))
     return out, problems
+
+
+def _selftest(prof: Any) -> list[dict[str, Any]] | None:
+    """The stored self-test verdicts of a real device's kernels, per op (None for a simulated device: nothing ran there)."""
+    from . import selftest
+
+    if not selftest.on_gpu(prof) or not prof.kernels:
+        return None
+
+    try:
+        return selftest.summary(prof)
+    except Exception as exc:  # noqa: BLE001 - an unreadable verdict file must not hide the rest of the report
+        return [{"op": "-", "state": f"cannot read the verdicts: {_error_text(exc)}", "passed": 0, "failed": 0, "unchecked": 0}]
 
 
 def _error_text(exc: BaseException) -> str:
@@ -426,6 +440,10 @@ def render(r: Report) -> str:
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     if not r.devices:
         lines.append("  none visible (see checks)")
+    verdicts = [(d["index"], v) for d in r.devices for v in d.get("selftest") or ()]
+    if verdicts:
+        lines += ["self-test verdicts (hwprofile selftest; stamped per device, driver, plugin, kernel and plan):"]
+        lines += [f"  cuda:{i} {v['op']}: {v['state']}" for i, v in verdicts]
     lines += ["checks:"]
     for c in r.checks:
         lines.append(f"  [{c.status:>4}] {c.name}: {c.detail}" + (f"\n         fix: {c.fix}" if c.fix else ""))

@@ -579,3 +579,34 @@ def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: St
             return what
 
         resolver.add("tuned", where, thresholds, who=where, stamp=stamp, check=check, drop_stale=True)
+
+
+# --- what nobody measured here ---------------------------------------------------------------------
+
+#: What :func:`unmeasured` and ``hwprofile explain`` call a value no measurement stands behind.
+NOT_MEASURED = "not measured on this architecture"
+
+
+def unmeasured(prof: Any) -> dict[str, str]:
+    """The op thresholds of ``prof`` no measurement stands behind on this SKU, key -> why, for ``explain`` and ``hwprofile tune``.
+
+    A threshold (a key an op owns, :func:`hwprofile.optable.owner`) counts as measured when the
+    winning layer carries a stamp (a shipped sweep, a tuned file) or the user set it (the
+    environment: the user's decision). Anything else, a plugin's reasoned value or the op table's
+    default, is "no measurement for this SKU": what ``hwprofile tune`` should measure first. Ops the
+    profile has no kernel for are left out (nothing routes on their thresholds).
+    """
+    from .optable import owner
+
+    out: dict[str, str] = {}
+    for key, r in prof.settings.items():
+        op = owner(key)
+        if op is None or op.name not in prof.kernels or key.endswith("_multiple"):  # *_multiple: what the kernel takes, not a measurement
+            continue
+        w = r.winner
+        if w.stamp is not None or w.kind == "env":
+            continue
+        out[key] = f"{NOT_MEASURED} ({prof.device.name}): no measurement for this SKU; {w.source} gives {w.value!r}" + (
+            f" because {w.reason}" if w.reason else ""
+        )
+    return out

@@ -45,6 +45,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import _env
 from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 from . import _dispatch, _kernel, _library
@@ -112,7 +113,8 @@ def run_kernel(op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sca
     For sweeps, benchmarks and kernel tests, which must run the kernel also outside the region
     dispatch sends to it. Every operand is checked (a ValueError names the argument); ``split_k``
     None takes the profile's ``gemv.split_k``. Returns False, after one warning, when the kernel
-    cannot be built or loaded on this device (``HWPROFILE_STRICT=1``: the error is raised).
+    cannot be built, loaded or launched on this device, or failed here before (``HWPROFILE_STRICT=1``:
+    the error is raised).
     """
     _entry(op)
     register()
@@ -124,6 +126,17 @@ def run_kernel(op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sca
     if op not in t.prof.kernels:
         raise HwprofileError(f"{op}: {t.prof.plugin.name if t.prof.plugin else 'no architecture plugin'} provides no kernel on cuda:{idx}")
     return _kernel.launch(t, op, out, x, w, scale, m, n, k, mode, split_k)
+
+
+def _selftest_at_first_use(t: _dispatch._Table) -> None:
+    """``HWPROFILE_SELFTEST=1``: self-test the kernels of a real device when its dispatch table is built (:mod:`hwprofile.selftest`)."""
+    if _env.SELFTEST.read():
+        from .. import selftest
+
+        selftest.at_first_use(t)
+
+
+_dispatch.on_new_table.append(_selftest_at_first_use)
 
 
 # The public functions, hidden until register() binds torch (the module docstring says why).

@@ -14,7 +14,7 @@ H200 and +1.26 to +3.61 µs end to end on host-bound shapes: not met. Anything e
 ``out``. Under ``torch.compile``
 :func:`call` hands the call to the op's ``torch.ops.hwprofile.<op>`` custom op (``_library``).
 
-A kernel that fails to build or load warns once and the op falls back from then on
+A kernel that fails to build, load or launch (or its self-test) warns once and the op falls back from then on
 (``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
 """
 
@@ -81,6 +81,7 @@ class _Route:
         "n_multiple",
         "off",
         "op",
+        "plan_problem",
         "roof_hi",
         "roof_lo",
         "who",
@@ -105,16 +106,23 @@ class _Route:
         self.k_multiple = math.lcm(val(op.k_multiple), op.k_vec)  # the kernels' 16-byte loads need k_vec too
         self.roof_lo, self.roof_hi = (val(op.roof[0]), val(op.roof[1])) if op.roof else (0, 0)
         self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
+        # the "plan" gate: why the kernel's planner cannot plan a shape (None: it can); see _kernel.unplannable
+        split = bool(prof["gemv.split_k"])
+        self.plan_problem: Callable[[int, int, int], str | None] = (
+            lambda m, n, k: _kernel.unplannable(prof, op.name, m, n, k, split)
+        )
 
 
 def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
     """The routing function: ``None`` (take the kernel) or the name of the first gate that says no.
 
     Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
-    ``no_kernel``, ``failed`` (the kernel did not build or load here), ``m``, ``n``,
-    ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback is near the bandwidth
-    roof), ``layout`` (an operand is not contiguous or not 16-byte aligned; checked only when
-    ``operands`` are given). Bounds are those of the measured region: outside it, the fallback.
+    ``no_kernel``, ``failed`` (the kernel did not build, load or launch here, or failed its
+    self-test), ``m``, ``n``, ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback
+    is near the bandwidth roof), ``plan`` (the kernel's planner cannot plan the shape, or plans past
+    the target's limits: a gate that refuses, so no planner error reaches the op), ``layout`` (an
+    operand is not contiguous or not 16-byte aligned; checked only when ``operands`` are given).
+    Bounds are those of the measured region: outside it, the fallback.
     """
     if not (m and n and k):
         return "empty"
@@ -132,6 +140,8 @@ def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = 
         return "k_multiple"
     if r.roof_lo <= n < r.roof_hi:
         return "roof"
+    if r.plan_problem(m, n, k) is not None:
+        return "plan"
     if operands is not None and _misplaced(operands):
         return "layout"
     return None
@@ -160,7 +170,10 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
         return f"{r.who} provides no {op.name} kernel for this device"
     if gate == "failed":
         strict = _env.STRICT.name
-        return f"the {op.name} kernel failed to build or load in this process (warned once); set {strict}=1 to see the error raised"
+        return (
+            f"the {op.name} kernel failed to build, load, launch or pass its self-test in this process (warned once); "
+            f"set {strict}=1 to see the error raised"
+        )
     if gate == "m":
         if isinstance(op.max_m, int):
             return f"M={m}: the {op.name} kernel takes M <= {r.max_m} only"
@@ -176,6 +189,8 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
     if gate == "roof":
         lo, hi = op.roof or ("", "")
         return f"N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
+    if gate == "plan":
+        return f"the {op.name} kernel cannot take M={m}, N={n}, K={k} here: {r.plan_problem(m, n, k)}"
     if gate == "layout":
         return "an operand is not contiguous or not 16-byte aligned (e.g. a padded weight row stride): the fallback takes it"
     raise AssertionError(f"unknown gate {gate!r}")
@@ -185,7 +200,7 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
 class _Table:
     """Everything dispatch needs for one device, resolved once per profile."""
 
-    __slots__ = ("index", "launches", "prof", "routes", "split_k", "strict")
+    __slots__ = ("errors", "index", "launches", "prof", "routes", "split_k", "strict")
 
     def __init__(self, prof: Profile) -> None:
         self.prof = prof
@@ -194,15 +209,23 @@ class _Table:
         self.split_k = bool(prof["gemv.split_k"])
         self.routes = {name: _Route(op, prof) for name, op in OPS.items()}
         self.launches: dict[tuple[Any, ...], Callable[..., None]] = {}  # (op, m, n, k, scale mode, split) -> launcher
+        self.errors: dict[str, str] = {}  #: op -> why its kernel failed here (see fail)
 
     @property
     def failed(self) -> set[str]:
         """Ops whose kernel failed to build or load on this device."""
         return {name for name, r in self.routes.items() if r.off == "failed"}
 
-    def fail(self, op: str) -> None:
-        """``op``'s kernel cannot be built or loaded here: route it to the fallback from now on."""
+    def fail(self, op: str, why: str = "") -> None:
+        """``op``'s kernel cannot be built, loaded or launched here (or failed its self-test): the fallback from now on.
+
+        ``why`` (the error, in words) is kept in :attr:`errors` for ``explain`` and ``doctor``; the
+        caller warns once. Its launchers go too, so no later call (``run_kernel`` included) launches it.
+        """
         self.routes[op].off = "failed"
+        self.errors[op] = why or "failed"
+        for key in [key for key in self.launches if key[0] == op]:
+            del self.launches[key]
         _forget(op)
 
 
@@ -262,6 +285,10 @@ def _reinit_locks_in_child() -> None:
     _tables_lock = threading.RLock()
 
 
+#: called with each new dispatch table before any op uses it (``hwprofile.ops`` adds the opt-in self-test)
+on_new_table: list[Callable[[_Table], None]] = []
+
+
 def table(index: int) -> _Table:
     """Device ``index``'s dispatch table, rebuilt when its profile changed (the memos go with the old one)."""
     t = _tables.get(index)
@@ -273,6 +300,8 @@ def table(index: int) -> _Table:
                     _forget()  # memo entries hold the replaced table
                 t = _Table(profile(index))
                 _tables[index] = t
+                for hook in on_new_table:  # under the lock: other threads wait for the table's self-test
+                    hook(t)
     return t
 
 

@@ -18,6 +18,7 @@ from ..errors import HwprofileError, KernelError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 
 if TYPE_CHECKING:
+    from ..profiles import Profile
     from ._dispatch import _Table
 
 #: the kernels' C signature: (out, x, w, scale, M, N, K); every plugin kernel of every op takes it
@@ -93,7 +94,7 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: 
     except KernelError as exc:
         if t.strict:
             raise
-        t.fail(op)
+        t.fail(op, str(exc))
         warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=5)
         return None
 
@@ -122,17 +123,67 @@ def _not_ready_in_capture(t: _Table, op: str, m: int, n: int, k: int, shape: str
 def launch(
     t: _Table, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, split_k: bool | None = None
 ) -> bool:
-    """Launch ``op``'s kernel on checked operands; False (after one warning) if it cannot be built or loaded.
+    """Launch ``op``'s kernel on checked operands; False (after one warning) if it cannot be built, loaded or launched.
 
-    ``split_k`` None takes the profile's ``gemv.split_k``. The launcher seam: CPU tests replace it
-    with a fake that computes the result in torch.
+    ``split_k`` None takes the profile's ``gemv.split_k``. Any error the launch itself returns
+    (a refused ``cuFuncSetAttribute``, ``cuLaunchKernelEx`` refusing a cluster under MIG, MPS or
+    vGPU, any other CUDA error) marks the kernel failed on this device (:meth:`_Table.fail`, one
+    warning naming kernel, device and error) and the op falls back from then on; strict mode
+    raises it. The launcher seam: CPU tests replace it with a fake that computes the result in torch.
     """
+    if op in t.errors and not t.strict:  # failed here before (warned then): the fallback, silently; strict tries and raises
+        return False
     split = t.split_k if split_k is None else split_k
     go = t.launches.get((op, m, n, k, mode, split)) or _load(t, op, m, n, k, mode, split)
     if go is None:
         return False
-    go(raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k)
+    try:
+        go(raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), scale.data_ptr() if scale is not None else 0, m, n, k)
+    except Exception as exc:
+        err = exc if isinstance(exc, KernelError) else KernelError(f"launching the {op} kernel: {type(exc).__name__}: {exc}")
+        if t.strict:
+            if err is exc:
+                raise
+            raise err from exc
+        where = f"cuda:{t.index} ({t.prof.device.name})"
+        t.fail(op, f"launch failed on {where}: {err}")
+        warnings.warn(
+            f"hwprofile: {op} kernel failed to launch on {where}, using the torch fallback from now on: {err}",
+            RuntimeWarning,
+            stacklevel=5,  # launch <- _dispatch <- call <- the public op <- its caller
+        )
+        return False
     return True
+
+
+def unplannable(prof: Profile, op: str, m: int, n: int, k: int, split_k: bool) -> str | None:
+    """Why ``op``'s planner cannot plan ``(m, n, k)`` on ``prof``'s device (None: it can, within the target's limits).
+
+    The gate :func:`_dispatch.route` asks it last, so a shape every bound admits but the planner
+    refuses (a raised ``max_k`` with split-K off: an x slice larger than shared memory) or plans
+    past the target's published limits (:mod:`hwprofile.kernels.limits`) takes the fallback and
+    :func:`_dispatch.decide` says why, instead of a ``ValueError`` or a launch error reaching the op.
+    Every scale mode of a scaled op is planned. Pure (planners are), so tested on the CPU.
+    """
+    from ..kernels import limits
+
+    spec = prof.kernels.get(op)
+    if spec is None:
+        return None
+    d = OPS[op]
+    for sc in d.scale_modes if d.scaled else (None,):
+        try:
+            plan = spec.configure(m=m, n=n, k=k, split_k=split_k, **({} if sc is None else {"scale": sc}))
+        except ValueError as exc:
+            return f"its planner refuses M={m}, N={n}, K={k} (split-K {'on' if split_k else 'off'}): {exc}"
+        if prof.target is not None:
+            try:
+                broken = limits.check(prof.target, plan.grid, plan.block, plan.shared_bytes, cluster=plan.grid[1])
+            except ValueError:  # a target without recorded limits: the driver decides at launch
+                broken = []
+            if broken:
+                return f"its plan {plan.name_expression} exceeds {prof.target}'s limits: " + "; ".join(broken)
+    return None
 
 
 def device_index(x: Any, cpu_index: int) -> int:

@@ -1,0 +1,338 @@
+"""Kernels that check themselves: every kernel instance a profile can dispatch, run once against float64.
+
+A kernel compiled for a GPU nobody here has run (sm_100, sm_120) is correct only by construction
+until it runs. ``hwprofile selftest`` (and, opt-in, ``HWPROFILE_SELFTEST=1`` when an op first builds
+a device's dispatch table) runs each instance the profile would dispatch, at one shape of the op's
+grid or shipped shapes that routes to it, on random inputs, and compares with a float64 reference.
+
+Each result is a *verdict*, stamped with what it depends on: the device SKU and compute capability,
+the driver version, the plugin, the kernel source digest and the launch plan (name expression, grid,
+block, shared memory). Verdicts live in ``<config dir>/selftest/<device>.json`` (written whole through
+:func:`hwprofile._files.atomic_write`); a verdict whose stamp differs from what would run now is not
+trusted but run again. A kernel with any failed instance (a wrong result, a launch the driver
+refuses, a NaN it never wrote) is disabled on that device with one warning: the op takes its
+fallback there (:meth:`hwprofile.ops._dispatch._Table.fail`); strict mode raises instead.
+
+The runner is a seam: :func:`run` takes any ``runner(table, case) -> Outcome``; the default one needs
+torch and the GPU. CPU tests pass a fake.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _env, _files
+from ._log import get_logger
+from .errors import HwprofileError
+from .optable import OPS, TENSOR_SCALE
+
+if TYPE_CHECKING:
+    from .kernels.spec import Launch
+    from .ops import _dispatch
+    from .profiles import Profile
+
+log = get_logger("hwprofile.selftest")
+
+#: Version of the verdict file's layout.
+FORMAT: Final = 1
+#: Largest relative error (float64 reference, Frobenius norm) a kernel may show, by output dtype:
+#: fp32 output accumulates in fp32 over K <= 2^20 terms; bf16 output rounds to 8 bits of mantissa.
+TOLERANCE: Final = {"float32": 1e-4, "bfloat16": 1e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel instance to check: the op, the shape that routes to it, the scale mode, its plan."""
+
+    op: str
+    shape: tuple[int, int, int]
+    scale: int
+    plan: Launch
+
+    @property
+    def instance(self) -> str:
+        return self.plan.name_expression
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running one case gave: passed, the relative error (None: nothing to compare), the error in words."""
+
+    ok: bool
+    rel_error: float | None = None
+    error: str = ""
+
+
+@dataclass
+class Verdict:
+    """One instance's stamped result (what the verdict file holds per instance)."""
+
+    op: str
+    instance: str
+    stamp: dict[str, Any]
+    ok: bool
+    rel_error: float | None
+    error: str
+    shape: tuple[int, int, int]
+    date: str
+    fresh: bool = False  #: run in this call (False: read from the file, its stamp matching)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "instance": self.instance, "stamp": self.stamp, "ok": self.ok, "rel_error": self.rel_error,
+                "error": self.error, "shape": list(self.shape), "date": self.date}
+
+
+@dataclass
+class Report:
+    """Every verdict for one device, and which ops it disabled."""
+
+    device: str
+    path: Path
+    verdicts: list[Verdict] = field(default_factory=list)
+    disabled: dict[str, str] = field(default_factory=dict)  #: op -> why
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def cases(prof: Profile) -> list[Case]:
+    """Every distinct kernel instance ``prof`` dispatches for its ops' grids and shipped shapes, with a shape that routes to it.
+
+    Shapes: the op table's sweep grid and the kernel family's pre-built shapes; each with every
+    scale mode of the op and the profile's split-K. Only shapes the profile's routes send to the
+    kernel count (:func:`hwprofile.ops.route`, ignoring kernels failed in this process since): the
+    instances the profile can dispatch there.
+    """
+    from .kernels.skinny_gemm import PREBUILT_SHAPES
+    from .ops import _dispatch
+
+    split = bool(prof["gemv.split_k"])
+    fresh = _dispatch._Table(prof)  # the profile's routes, whatever failed in this process since
+    out: dict[tuple[str, str], Case] = {}
+    for op, d in OPS.items():
+        spec = prof.kernels.get(op)
+        if spec is None:
+            continue
+        for m, n, k in dict.fromkeys((*d.grid, *PREBUILT_SHAPES.get(op, ()))):
+            if _dispatch.route(fresh.routes[op], m, n, k) is not None:
+                continue
+            for sc in d.scale_modes:
+                plan = spec.configure(m=m, n=n, k=k, split_k=split, **({"scale": sc} if d.scaled else {}))
+                out.setdefault((op, plan.name_expression), Case(op, (m, n, k), sc, plan))
+    return list(out.values())
+
+
+def stamp(prof: Profile, case: Case) -> dict[str, Any]:
+    """What a verdict depends on: device SKU, driver, plugin, kernel digest, the launch plan and shape."""
+    spec = prof.kernels[case.op]
+    dev = prof.device
+    p = case.plan
+    return {
+        "format": FORMAT,
+        "device": dev.name,
+        "compute_capability": list(dev.compute_capability),
+        "driver": dev.driver_version or "",
+        "plugin": f"{spec.plugin} ({spec.distribution_version})",
+        "target": prof.target or "",
+        "kernel": spec.source_digest(),
+        "plan": f"{p.name_expression} grid={list(p.grid)} block={list(p.block)} smem={p.shared_bytes} pdl={p.pdl}",
+        "shape": list(case.shape),
+        "scale": case.scale,
+    }
+
+
+def verdict_path(prof: Profile, environ: Any = None) -> Path:
+    """``<config dir>/selftest/<slug of the device's name and sm>.json``: one file per device SKU."""
+    from .tuning import config_dir
+
+    info = prof.device
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
+    return Path(config_dir(os.environ if environ is None else environ)) / "selftest" / f"{slug}.json"
+
+
+def read(path: Path) -> dict[tuple[str, str], Verdict]:
+    """The verdicts a file holds, by (op, instance); an unreadable or foreign file holds none (it is re-run, then replaced)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("self-test verdicts %s are unreadable (%s): re-running", path, exc)
+        return {}
+    out: dict[tuple[str, str], Verdict] = {}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return out
+    for v in doc.get("verdicts", ()):
+        try:
+            shape = tuple(int(x) for x in v["shape"])
+            assert len(shape) == 3
+            verdict = Verdict(str(v["op"]), str(v["instance"]), dict(v["stamp"]), bool(v["ok"]),
+                              None if v["rel_error"] is None else float(v["rel_error"]), str(v["error"]),
+                              (shape[0], shape[1], shape[2]), str(v["date"]))
+        except (KeyError, TypeError, ValueError, AssertionError):
+            continue  # a malformed entry is no verdict: that instance runs again
+        out[(verdict.op, verdict.instance)] = verdict
+    return out
+
+
+def write(path: Path, verdicts: Iterable[Verdict]) -> None:
+    """Replace ``path`` by these verdicts (whole, through :func:`hwprofile._files.atomic_write`)."""
+    import json
+
+    _files.ensure_directory(path.parent, what="self-test directory")
+    doc = {"format": FORMAT, "verdicts": [v.as_dict() for v in sorted(verdicts, key=lambda v: (v.op, v.instance))]}
+    _files.atomic_write(path, json.dumps(doc, indent=1) + "\n", what="self-test verdicts")
+
+
+def stored(prof: Profile) -> tuple[list[Verdict], list[Case]]:
+    """The file's verdicts whose stamps match what would run now, and the cases that have none (never run, or stale)."""
+    have = read(verdict_path(prof))
+    good, todo = [], []
+    for c in cases(prof):
+        v = have.get((c.op, c.instance))
+        if v is not None and v.stamp == stamp(prof, c):
+            good.append(v)
+        else:
+            todo.append(c)
+    return good, todo
+
+
+Runner = Callable[["_dispatch._Table", Case], Outcome]
+
+
+def run(prof: Profile, *, runner: Runner | None = None, force: bool = False, apply: bool = True) -> Report:
+    """Check every case of ``prof``: reuse verdicts whose stamps match (``force``: none), run the rest, write the file.
+
+    ``apply``: disable on this device, with one warning each, the ops with a failed instance (strict
+    mode: raise a :class:`~hwprofile.errors.KernelError` instead).
+    """
+    import datetime as _dt
+
+    from .ops import _dispatch
+
+    path = verdict_path(prof)
+    good, todo = stored(prof) if not force else ([], cases(prof))
+    table = _dispatch.table(prof.device.index)
+    go = runner or gpu_runner
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fresh = []
+    for c in todo:
+        try:
+            res = go(table, c)
+        except HwprofileError as exc:  # a kernel error strict mode raised, a bad operand: that instance failed
+            res = Outcome(False, None, str(exc))
+        fresh.append(Verdict(c.op, c.instance, stamp(prof, c), res.ok, res.rel_error, res.error, c.shape, date, fresh=True))
+    old = read(path)
+    for v in (*good, *fresh):
+        old[(v.op, v.instance)] = v
+    write(path, old.values())
+    report = Report(prof.device.name, path, [*good, *fresh])
+    if apply:
+        report.disabled = disable(table, report.verdicts)
+    return report
+
+
+def disable(table: _dispatch._Table, verdicts: Iterable[Verdict]) -> dict[str, str]:
+    """Send every op with a failed verdict to its fallback on ``table``'s device, one warning each (strict: raise)."""
+    from .errors import KernelError
+
+    out: dict[str, str] = {}
+    for v in verdicts:
+        if v.ok or v.op in out:
+            continue
+        why = f"self-test of {v.instance} at M, N, K = {v.shape} failed: {v.error or f'relative error {v.rel_error:.3g}'}"
+        out[v.op] = why
+        if table.errors.get(v.op):  # already failed here (a launch error during the test warned): no second warning
+            continue
+        if table.strict:
+            raise KernelError(f"{v.op} on cuda:{table.index} ({table.prof.device.name}): {why}")
+        table.fail(v.op, why)
+        warnings.warn(f"hwprofile: {v.op} kernel disabled on cuda:{table.index} ({table.prof.device.name}): {why}; "
+                      "using the torch fallback", RuntimeWarning, stacklevel=3)
+    return out
+
+
+def gpu_runner(table: _dispatch._Table, case: Case) -> Outcome:
+    """Run ``case`` on the table's GPU through the real launch path, against a float64 reference on random inputs."""
+    import torch
+
+    from .ops import _dispatch, _kernel
+
+    d = OPS[case.op]
+    m, n, k = case.shape
+    dev = torch.device("cuda", table.index)
+    gen = torch.Generator(device=dev).manual_seed(1234 + m * 7 + n * 13 + k)
+    x = torch.randn(m, k, device=dev, generator=gen).to(getattr(torch, d.x_dtype))
+    w32 = torch.randn(n, k, device=dev, generator=gen)
+    w = w32.to(getattr(torch, d.w_dtype))
+    scale = None
+    if d.scaled:
+        scale = (torch.rand(1 if case.scale == TENSOR_SCALE else n, device=dev, generator=gen) + 0.5).float()
+    out = torch.full((m, n), float("nan"), device=dev, dtype=getattr(torch, d.out_dtype))  # an unwritten element fails
+    _kernel.check_operands(case.op, table.index, _dispatch._cpu_index, out, x, w, scale)
+    # a fault to build, load or launch warns once there (naming kernel, device, error) and fails the op on the table
+    ok = _kernel.launch(table, case.op, out, x, w, scale, m, n, k, case.scale, bool(table.prof["gemv.split_k"]))
+    if ok:
+        torch.cuda.synchronize(dev)
+    if not ok:
+        return Outcome(False, None, table.errors.get(case.op, "the kernel could not be built, loaded or launched"))
+    wd = w.double() * (scale.double().reshape(-1, 1) if scale is not None else 1)
+    ref = x.double() @ wd.t()
+    got = out.double()
+    if not bool(torch.isfinite(got).all()):
+        return Outcome(False, None, "the output has NaN or Inf (an element the kernel never wrote)")
+    rel = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+    tol = TOLERANCE[d.out_dtype]
+    return Outcome(rel <= tol, rel, "" if rel <= tol else f"relative error {rel:.3g} above {tol:g} against float64")
+
+
+def on_gpu(prof: Profile) -> bool:
+    """Whether ``prof``'s device is a real GPU (a simulated one has nothing to run on; the CPU tests' seam)."""
+    return not prof.device.simulated
+
+
+def at_first_use(table: _dispatch._Table) -> None:
+    """``HWPROFILE_SELFTEST=1``: check a real device's kernels when its dispatch table is first built (a hook of ``_dispatch.table``)."""
+    if not _env.SELFTEST.read() or not on_gpu(table.prof) or not table.prof.kernels:
+        return
+    try:
+        report = run(table.prof)
+    except HwprofileError:
+        if table.strict:
+            raise
+        log.warning("hwprofile: the self-test of cuda:%d could not run", table.index, exc_info=True)
+        return
+    log.info("self-test of cuda:%d: %d verdicts (%d run now), %d ops disabled; %s", table.index, len(report.verdicts),
+             sum(v.fresh for v in report.verdicts), len(report.disabled), report.path)
+
+
+def summary(prof: Profile) -> list[dict[str, Any]]:
+    """The stored verdicts of ``prof``'s device per op, for ``explain`` and ``doctor`` (runs nothing)."""
+    good, todo = stored(prof)
+    out = []
+    for op in OPS:
+        if op not in prof.kernels:
+            continue
+        mine = [v for v in good if v.op == op]
+        pending = [c for c in todo if c.op == op]
+        failed = [v for v in mine if not v.ok]
+        if failed:
+            state = f"FAILED: {failed[0].instance}: {failed[0].error or f'relative error {failed[0].rel_error:.3g}'}"
+        elif pending:
+            state = f"not checked: {len(pending)} of {len(pending) + len(mine)} instances have no verdict for this stamp"
+        elif mine:
+            worst = max((v.rel_error or 0.0) for v in mine)
+            state = f"passed: {len(mine)} instances, largest relative error {worst:.2g} ({mine[0].date})"
+        else:
+            state = "nothing to check: no shape of the op's grid routes to the kernel"
+        out.append({"op": op, "state": state, "passed": len(mine) - len(failed), "failed": len(failed), "unchecked": len(pending)})
+    return out
