@@ -79,19 +79,24 @@ def h200(monkeypatch: pytest.MonkeyPatch) -> hwprofile.Profile:
 
 def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     timer = FakeTimer({m: (4.0, 7.0) if m <= 6 else (8.0, 7.0) for m in range(1, 17)})
-    doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30")
-    assert doc["thresholds"] == {
+    box = sweep.box_grid("router_gemm")
+    doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30", box=box)
+    measured = doc["thresholds"].pop("router_gemm.measured")
+    assert doc["thresholds"] == {  # the rule is chosen from the box edges only, not from the catalog's sparse shapes
         "router_gemm.max_tokens": 6,
         "router_gemm.min_n": 256,
         "router_gemm.max_n": 384,
         "router_gemm.min_k": 7168,
         "router_gemm.max_k": 7168,
     }
+    assert len(tuning.parse_measured("router_gemm", measured, where="test")) == len(doc["measurements"])
     st = doc["stamp"]
     assert st["plugin"] == "sm90" and st["compute_capability"] == [9, 0] and st["kernel"]
-    assert st["plan"] == tuning.plan_digest("router_gemm", h200.kernels["router_gemm"])  # the launches it measured
+    extra = [tuple(map(int, x.split("x"))) for x in st["shapes"]]  # the catalog's shapes outside the op's grid
+    assert extra and not set(extra) & set(box)
+    assert st["plan"] == tuning.plan_digest("router_gemm", h200.kernels["router_gemm"], extra)  # the launches it measured
     assert st["fallback"]["function"] == "torch.mm(out_dtype=torch.float32)" and "torch" in st["fallback"] and "uuid" not in str(st).lower()
-    assert len(doc["measurements"]) == 32 and doc["measurements"][0]["kernel_samples"]
+    assert len(doc["measurements"]) == len(sweep.default_grid("router_gemm")) > 32 and doc["measurements"][0]["kernel_samples"]
     f = tmp_path / "router.toml"
     sweep.write(doc, f)
     env = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine", "HWPROFILE_TUNED_FILE": str(f)}
