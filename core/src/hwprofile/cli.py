@@ -301,7 +301,8 @@ def _print_measured(key: str, text: str, source: str) -> None:
 
     op = key.rsplit(".", 1)[0]
     rows = [
-        [str(m), str(n), str(k), "kernel" if d.kernel else "fallback", "-" if d.kernel_us is None else f"{d.kernel_us:g}", f"{d.fallback_us:g}"]
+        [str(m), str(n), str(k), "kernel" if d.kernel else "fallback",
+         "-" if d.kernel_us is None else f"{d.kernel_us:g}", f"{d.fallback_us:g}"]
         for (m, n, k), d in sorted(tuning.parse_measured(op, text, where=source).items())
     ]
     print(f"  measured decisions ({len(rows)} shapes; dispatch takes them before the box rule):")
@@ -320,7 +321,8 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         raise HwprofileError(f"--shape {args.shape!r}: write it as MxNxK with integers (e.g. 1x4096x7168)") from None
     d = decide(args.key, prof, m=m, n=n, k=k)
     if args.json:
-        print(json.dumps({"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}, indent=2))
+        doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}
+        print(json.dumps(doc, indent=2))
         return 0
     what = {"measured": "measured at this shape", "rule": "box rule", "fixed": "no choice"}[d.basis]
     print(f"{d.op} at M={m} N={n} K={k}: {d.path}   ({what})")
@@ -624,8 +626,11 @@ def _sweep_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int, int]], l
     names = None if args.models is None else [x for x in args.models.split(",") if x.strip()]
     if names is not None and not names and not args.models_file:
         raise HwprofileError("--models names no model; give NAME,NAME ('hwprofile devices' says where the catalog lists them)")
-    catalog = [] if explicit and names is None and not args.models_file else sweep.model_grid(args.op, names, args.models_file)
-    if names is not None or args.models_file:
+    asked = names is not None or bool(args.models_file)
+    if explicit and names is None:
+        names = []  # explicit shapes: the shipped catalog only if --models asks for it (a --models-file's models still count)
+    catalog = sweep.model_grid(args.op, names, args.models_file) if names != [] or args.models_file else []
+    if asked:
         if not catalog:
             raise HwprofileError(f"the chosen models give {args.op} no shape (a dense model has no router; FP8 needs fp8 = true)")
     return sorted({*catalog, *box}), box
@@ -702,7 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
     ).set_defaults(fn=cmd_devices)
     s = sub.add_parser("explain", parents=[device, simulate, js], help="the whole provenance chain of one setting (--list: every key)")
     s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens; or an op with --shape")
-    s.add_argument("--shape", metavar="MxNxK", help="with an op as KEY: the path it takes at this shape, and whether a measurement or the box rule decided")
+    s.add_argument(
+        "--shape", metavar="MxNxK", help="with an op as KEY: the path it takes at this shape, and whether a measurement or the box rule did"
+    )
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
     s = sub.add_parser("env", parents=[device, simulate], help="env defaults that would be applied (never ones you set)")
@@ -738,7 +745,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--models-file", metavar="FILE", type=Path, action="append", default=[],
                    help="your own models, in the catalog's format (models.toml shipped with hwprofile); repeatable")
     s.add_argument("--report", action="store_true", help="print per shape both times, the path taken and its regret; write a regret plot")
-    s.add_argument("--regret-plot", type=Path, help="where --report writes its plot (default: samples/<op>-regret.png beside the tuned file)")
+    s.add_argument(
+        "--regret-plot", type=Path, help="where --report writes its plot (default: samples/<op>-regret.png beside the tuned file)"
+    )
     s.add_argument("--reps", type=int, default=15, help="timed graph replays per point (median)")
     s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
     s.add_argument("--output", type=Path, help="tuned file to write (default: this device's tuned directory)")

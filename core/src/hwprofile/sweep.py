@@ -315,8 +315,9 @@ def run(
     in_box = set(box) if box is not None else set(shapes)
     chosen, notes = thresholds_for(op, [p for p in points if (p.m, p.n, p.k) in in_box], ties)
     table = decision_table(points, ties)
-    chosen[stamps.measured_key(op)] = stamps.format_measured(table)
     spec = prof.kernels.get(op)
+    notes += _routable(prof, op, table, spec)
+    chosen[stamps.measured_key(op)] = stamps.format_measured(table)
     p = prof.plugin
     grid_set = set(_optable_grid(op))
     extra = sorted(s for s in table if s not in grid_set)
@@ -341,6 +342,24 @@ def run(
         },
         "measurements": [pt.as_dict(ties) for pt in points],
     }
+
+
+def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: Any) -> list[str]:
+    """Turn kernel wins that dispatch could not route (beyond the kernel's limits, its multiples or
+    its plan: ``run_kernel`` runs outside them) into fallback decisions, in place; the notes say which."""
+    from .ops import _dispatch
+    from .tuning import Measured, beyond_limits, measured_key, shape_text
+
+    wins = {s: d for s, d in table.items() if d.kernel}
+    bad = {s: why for s in wins if (why := beyond_limits(op, s))}
+    if spec is not None:
+        r = _dispatch._Route(_dispatch.ENTRIES[op].op, prof, overrides={measured_key(op): ""})
+        bad.update({s: why for s, why in _dispatch.untakeable(r, {s: d for s, d in wins.items() if s not in bad}, spec).items()})
+    for s in bad:
+        table[s] = Measured(False, table[s].kernel_us, table[s].fallback_us)
+    return [
+        f"kernel faster at {shape_text(s)} but dispatch cannot route it there ({why}): fallback recorded" for s, why in sorted(bad.items())
+    ]
 
 
 def _optable_grid(op: str) -> tuple[tuple[int, int, int], ...]:
@@ -386,7 +405,8 @@ def report(prof: Any, doc: Mapping[str, Any]) -> list[Regret]:
         gate = _dispatch.route(r, m, n, k)
         basis = _dispatch.basis(r, gate, m, n, k)
         kernel = float(row["kernel_us"])
-        out.append(Regret(m, n, k, kernel if kernel > 0 else None, float(row["fallback_us"]), "kernel" if gate is None else "fallback", basis))
+        path = "kernel" if gate is None else "fallback"
+        out.append(Regret(m, n, k, kernel if kernel > 0 else None, float(row["fallback_us"]), path, basis))
     return out
 
 

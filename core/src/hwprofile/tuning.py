@@ -294,7 +294,6 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
     found = _parsed.get((op, text))
     if found is not None:
         return found
-    d = OPS[op]
     key = measured_key(op)
     out: dict[Shape, Measured] = {}
     for i, entry in enumerate(e for e in text.replace(";", " ").split() if e):
@@ -324,23 +323,32 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
             raise bad(f"has times {times!r}: each must be a positive number of microseconds")
         if path == "kernel" and kernel_us is None:
             raise bad("takes the kernel but records no kernel time (the kernel did not run there)")
-        m, n, k = shape
         if min(shape) < 1:
             raise bad("has an empty dimension (M, N and K must be >= 1)")
         if shape in out:
             raise bad(f"repeats shape {shape_text(shape)}")
         if path == "kernel":
-            max_m = d.max_m if isinstance(d.max_m, int) else _setting_max(d, d.max_m)
-            if m > max_m:
-                raise bad(f"routes M={m} to the {op} kernel, which takes M <= {max_m}: a shape the kernel cannot take")
-            if k % d.k_vec:
-                raise bad(f"routes K={k} to the {op} kernel, whose 16-byte loads need K % {d.k_vec} == 0: a shape the kernel cannot take")
-            for what, v, lo, hi in _limits(d, n, k):
-                if not lo <= v <= hi:
-                    raise bad(f"routes {what}={v} to the {op} kernel, which takes {what} in [{lo}, {hi}]: a shape the kernel cannot take")
+            why = beyond_limits(op, shape)
+            if why:
+                raise bad(f"routes it to the {op} kernel, which {why}: a shape the kernel cannot take")
         out[shape] = Measured(path == "kernel", kernel_us, fallback_us)
     found = _parsed[(op, text)] = MappingProxyType(out)
     return found
+
+
+def beyond_limits(op: str, shape: Shape) -> str:
+    """Why the op table says ``op``'s kernels cannot take ``shape`` (``""``: they can), in words."""
+    d = OPS[op]
+    m, n, k = shape
+    max_m = d.max_m if isinstance(d.max_m, int) else _setting_max(d, d.max_m)
+    if m > max_m:
+        return f"takes M <= {max_m}"
+    if k % d.k_vec:
+        return f"needs K % {d.k_vec} == 0 (16-byte loads)"
+    for what, v, lo, hi in _limits(d, n, k):
+        if not lo <= v <= hi:
+            return f"takes {what} in [{lo}, {hi}]"
+    return ""
 
 
 def _limits(d: Any, n: int, k: int) -> list[tuple[str, int, int, int]]:
@@ -374,14 +382,14 @@ def format_measured(table: Mapping[Shape, Measured]) -> str:
     )
 
 
-def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> list[str]:
-    """The kernel decisions of ``table`` that ``spec`` (the selected plugin's kernel) cannot plan, in words.
+def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shape, str]:
+    """The kernel decisions of ``table`` that ``spec`` (the selected plugin's kernel) cannot plan, with the planner's words.
 
     Each is tried with and without split-K and in every scale mode: a decision that sends a shape
     to a kernel that refuses it would fail at the first call (or run a wrong launch).
     """
     d = OPS[op]
-    bad = []
+    bad: dict[Shape, str] = {}
     for (m, n, k), dec in sorted(table.items()):
         if not dec.kernel:
             continue
@@ -392,7 +400,7 @@ def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> list[str]
                 except RecursionError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a refusal is what is being asked about
-                    bad.append(f"{shape_text((m, n, k))} ({type(exc).__name__}: {exc})")
+                    bad[(m, n, k)] = f"{type(exc).__name__}: {exc}"
                     break
             else:
                 continue
@@ -749,7 +757,9 @@ def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
     if mkey in thresholds:
         text = thresholds[mkey]
         if not isinstance(text, str):
-            raise SettingError(f"{where}: [thresholds] {mkey} must be a string of {MEASURED_FORMAT}; regenerate it with 'hwprofile sweep {stamp.op}'")
+            raise SettingError(
+                f"{where}: [thresholds] {mkey} must be a string of {MEASURED_FORMAT}; regenerate it with 'hwprofile sweep {stamp.op}'"
+            )
         table = parse_measured(stamp.op, text, where=where)
         covered = set(OPS[stamp.op].grid) | set(stamp.shapes)
         loose = [shape_text(s) for s in table if s not in covered]
@@ -774,7 +784,8 @@ def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: St
             if refused:
                 raise SettingError(
                     f"{where}: [thresholds] {mkey} sends shape(s) to the {stamp.op} kernel that it cannot take here: "
-                    f"{'; '.join(refused[:3])}{' ...' if len(refused) > 3 else ''}. Regenerate the file with "
+                    f"{'; '.join(f'{shape_text(s)} ({why})' for s, why in list(refused.items())[:3])}"
+                    f"{' ...' if len(refused) > 3 else ''}. Regenerate the file with "
                     f"'hwprofile sweep {stamp.op}' on this plugin, or remove the entries. Nothing of the file is applied"
                 )
 

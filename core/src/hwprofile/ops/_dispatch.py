@@ -128,18 +128,27 @@ class _Route:
     def _check_takeable(self, spec: Any) -> None:
         """Refuse a measured kernel decision for a shape this kernel cannot take (its multiples, its plan)."""
         op = self.op
-        bad = [
-            f"{tuning.shape_text(s)} (N % {self.n_multiple} or K % {self.k_multiple} is not 0)"
-            for s, d in sorted(self.measured.items())
-            if d.kernel and (s[1] % self.n_multiple or s[2] % self.k_multiple)
-        ]
-        bad += tuning.untakeable(op.name, self.measured, spec)
+        bad = untakeable(self, self.measured, spec)
         if bad:
+            listed = "; ".join(f"{tuning.shape_text(s)} ({why})" for s, why in list(bad.items())[:3])
             raise SettingError(
                 f"{self.measured_from}: {op.name}.measured sends shape(s) to the {op.name} kernel of {self.who} that it cannot "
-                f"take: {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}. Re-measure with 'hwprofile sweep {op.name}' on "
+                f"take: {listed}{' ...' if len(bad) > 3 else ''}. Re-measure with 'hwprofile sweep {op.name}' on "
                 "this plugin, or remove those entries; nothing is routed by them"
             )
+
+
+def untakeable(r: _Route, table: Mapping[tuple[int, int, int], tuning.Measured], spec: Any) -> dict[tuple[int, int, int], str]:
+    """The kernel decisions of ``table`` that dispatch cannot send to ``spec``'s kernel on ``r``'s device, with why:
+    the N and K multiples ``r`` resolved, then the plugin's own plan (:func:`hwprofile.tuning.untakeable`)."""
+    bad = {
+        s: f"N % {r.n_multiple} or K % {r.k_multiple} is not 0"
+        for s, d in sorted(table.items())
+        if d.kernel and (s[1] % r.n_multiple or s[2] % r.k_multiple)
+    }
+    for s, why in tuning.untakeable(r.op.name, table, spec).items():
+        bad.setdefault(s, why)
+    return dict(sorted(bad.items()))
 
 
 def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
@@ -215,13 +224,16 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
             return f"box rule: M={m}: the {op.name} kernel takes M <= {r.max_m} only"
         return f"box rule: M={m} > {op.max_m}={r.max_m}"
     if gate == "n":
-        return f"box rule: N={n} outside [{r.min_n}, {r.max_n}] ({name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}): not measured"
+        bounds = f"{name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}"
+        return f"box rule: N={n} outside [{r.min_n}, {r.max_n}] ({bounds}): not measured"
     if gate == "n_multiple":
         return f"box rule: N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
     if gate == "k":
-        return f"box rule: K={k} outside [{r.min_k}, {r.max_k}] ({name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}): not measured"
+        bounds = f"{name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}"
+        return f"box rule: K={k} outside [{r.min_k}, {r.max_k}] ({bounds}): not measured"
     if gate == "k_multiple":
-        return f"box rule: K={k} is not a multiple of {r.k_multiple} ({name(op.k_multiple, 'K multiple')}, and 16-byte loads need {op.k_vec})"
+        what = name(op.k_multiple, "K multiple")
+        return f"box rule: K={k} is not a multiple of {r.k_multiple} ({what}, and 16-byte loads need {op.k_vec})"
     if gate == "roof":
         lo, hi = op.roof or ("", "")
         return f"box rule: N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
