@@ -372,3 +372,24 @@ def test_devices_says_how_to_add_a_model(capsys: pytest.CaptureFixture[str], mon
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "--models-file" in out and str(models.SHIPPED) in out
+
+
+def test_a_plugin_table_its_stamp_does_not_cover_is_refused(h200: hwprofile.Profile) -> None:
+    """A plugin's shipped per-shape table is held to its stamp like a tuned file's."""
+    from hwprofile.settings import Value
+
+    stamp = tuning.Stamp("gemv", "NVIDIA H200 sm_90 141 GiB", (9, 0), "sm90", "0.1.0", "k", plan="p" * 64)
+    table = tuning.parse_measured("gemv", "1x2048x12288=kernel:10/13", where="t")
+    assert tuning.uncovered(table, stamp) == [(1, 2048, 12288)]
+    assert tuning.uncovered(table, tuning.Stamp("gemv", "d", (9, 0), "sm90", "0.1.0", "k", plan="p", shapes=[(1, 2048, 12288)])) == []
+
+    class Shipper:
+        @hwprofile.hookimpl
+        def hwprofile_settings(self, device: Any, resolved: Any) -> dict[str, Any]:
+            return {"gemv.measured": Value("1x2048x12288=kernel:10/13", "measured", stamp)}
+
+    reg = Registry(ENV).load_entry_points()
+    reg.register(Shipper(), "shipper", distribution="shipper-dist", version="1.0")
+    prof = build_profile(h200.device, reg, ENV)
+    with pytest.raises(SettingError, match=r"1x2048x12288 that its stamp's launch plan .* does not cover"):
+        decide("gemv", prof, m=1, n=2048, k=12288)

@@ -336,6 +336,16 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
     return found
 
 
+def uncovered(table: Mapping[Shape, Measured], stamp: Stamp) -> list[Shape]:
+    """The shapes of ``table`` that ``stamp``'s plan digest does not cover (neither its op's grid nor
+    ``stamp.shapes``): a plan change there would go unseen. None when the stamp records no plan
+    (then the plan is "cannot tell" for every shape)."""
+    if not stamp.plan or stamp.op not in OPS:
+        return []
+    covered = set(OPS[stamp.op].grid) | set(stamp.shapes)
+    return sorted(s for s in table if s not in covered)
+
+
 def beyond_limits(op: str, shape: Shape) -> str:
     """Why the op table says ``op``'s kernels cannot take ``shape`` (``""``: they can), in words."""
     d = OPS[op]
@@ -760,10 +770,8 @@ def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
             raise SettingError(
                 f"{where}: [thresholds] {mkey} must be a string of {MEASURED_FORMAT}; regenerate it with 'hwprofile sweep {stamp.op}'"
             )
-        table = parse_measured(stamp.op, text, where=where)
-        covered = set(OPS[stamp.op].grid) | set(stamp.shapes)
-        loose = [shape_text(s) for s in table if s not in covered]
-        if stamp.plan and loose:
+        loose = [shape_text(s) for s in uncovered(parse_measured(stamp.op, text, where=where), stamp)]
+        if loose:
             raise SettingError(
                 f"{where}: [thresholds] {mkey} decides shape(s) {', '.join(loose[:4])}{' ...' if len(loose) > 4 else ''} that the "
                 f"[stamp]'s launch plan (stamp.shapes) does not cover; regenerate the file with 'hwprofile sweep {stamp.op}'. "

@@ -121,6 +121,14 @@ class _Route:
         self.measured_from = "the sweep result being reported" if key in over else (prof.explain(key).winner.source if text else "")
         #: per-shape decisions (``<op>.measured``): (M, N, K) -> tuning.Measured; route() consults it first
         self.measured = tuning.parse_measured(op.name, text, where=self.measured_from) if text else {}
+        stamp = None if key in over or not text else prof.explain(key).winner.stamp
+        loose = tuning.uncovered(self.measured, stamp) if isinstance(stamp, tuning.Stamp) else []
+        if loose:
+            raise SettingError(
+                f"{self.measured_from}: {key} decides shape(s) {', '.join(map(tuning.shape_text, loose[:4]))}"
+                f"{' ...' if len(loose) > 4 else ''} that its stamp's launch plan (stamp.shapes) does not cover; ship the file "
+                f"'hwprofile sweep {op.name}' wrote (its [stamp] lists them) or remove those entries; nothing is routed by them"
+            )
         if self.measured and self.off is None:
             self._check_takeable(prof.kernels[op.name])
         self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
