@@ -174,7 +174,8 @@ def main() -> int:
             tol = 1 + max(noise["fp8_gemv"][(r.n, r.k)], noise["gemv"][(r.n, r.k)])
             fp8_rows.append([str(r.n), str(r.k), f"{taken(r):.2f}", f"{taken(b):.2f}", f"{ratio:.3f}", "ok" if ratio <= tol else "SLOWER"])
             if ratio > tol:
-                failures.append(f"fp8_gemv 1x{r.n}x{r.k}: {taken(r):.2f} us > bf16 gemv {taken(b):.2f} us (x{ratio:.3f}, noise {tol - 1:.3f})")
+                why = f"{taken(r):.2f} us > bf16 gemv {taken(b):.2f} us (x{ratio:.3f}, noise {tol - 1:.3f})"
+                failures.append(f"fp8_gemv 1x{r.n}x{r.k}: {why}")
         print(f"\nfp8_gemv vs bf16 gemv at the same shape ({len(fp8_rows)} shapes):")
         print(table(fp8_rows, ["N", "K", "fp8 us", "bf16 us", "fp8/bf16", ""]))
 
