@@ -129,9 +129,9 @@ def main() -> int:
         gaps = stamp_gaps(docs[op]["stamp"])
         if gaps:
             failures.append(f"{op}: stamp incomplete ({', '.join(gaps)})")
-        r = tuned_prof.explain(f"{op}.measured")
-        if r.winner.kind != "tuned":
-            failures.append(f"{op}: the tuned file is not applied ({r.chain[-1].stale or r.winner.source})")
+        res = tuned_prof.explain(f"{op}.measured")
+        if res.winner.kind != "tuned":
+            failures.append(f"{op}: the tuned file is not applied ({res.chain[-1].stale or res.winner.source})")
         for row in rows:
             d = decide(op, tuned_prof, m=row.m, n=row.n, k=row.k)
             if d.path != row.path:
@@ -190,8 +190,8 @@ def main() -> int:
     except ImportError:
         print("no plot: matplotlib is not installed")
     print(f"wrote {out / 'catalog.json'} and {len(files)} tuned file(s) under {tuned}")
-    for f in failures:
-        print(f"FAIL {f}")
+    for failure in failures:
+        print(f"FAIL {failure}")
     print(f"{'PASS' if not failures else 'FAIL'}: {len(failures)} failure(s); GPU phase {gpu_s:.1f} s")
     return 1 if failures else 0
 

@@ -20,6 +20,7 @@ import hwprofile
 from hwprofile import models, sweep, tuning
 from hwprofile.errors import SettingError
 from hwprofile.ops import _dispatch, decide
+from hwprofile.optable import OPS
 from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from hwprofile.sweep import Point
@@ -79,7 +80,7 @@ def write_doc(doc: dict[str, Any], path: Path) -> Path:
 
 
 def test_default_grid_is_the_catalog_plus_the_box_edges() -> None:
-    for op in ("gemv", "fp8_gemv", "router_gemm"):
+    for op in OPS:
         grid = sweep.default_grid(op)
         assert set(models.shapes(op, models.load())) <= set(grid) and set(sweep.box_grid(op)) <= set(grid)
         assert grid == sorted(set(grid))
@@ -93,6 +94,7 @@ def test_sweep_writes_one_decision_per_measured_shape(h200: hwprofile.Profile) -
     assert (th["gemv.max_n"], th["gemv.max_k"]) == (4096, 7168)  # the box from the box edges
     table = tuning.parse_measured("gemv", th["gemv.measured"], where="test")
     assert set(table) == {(r["m"], r["n"], r["k"]) for r in doc["measurements"]}
+    assert {(r["m"], r["n"], r["k"]) for r in doc["measurements"] if r["box"]} == set(sweep.box_grid("gemv"))
     assert table[(1, 2048, 16384)].kernel and table[(1, 2048, 16384)].kernel_us == pytest.approx(10.0, rel=0.01)
     assert not table[(1, 7168, 8192)].kernel  # Llama-3.1-70B tp=8 gate_up, where the fallback won
     no_kernel = [d for s, d in table.items() if s[2] > 17408]  # K beyond the kernel: it could not run ('-' in the file)

@@ -1,8 +1,12 @@
-"""``hwprofile sweep``: time a kernel against its fallback, pick thresholds, write them stamped.
+"""``hwprofile sweep``: time a kernel against its fallback, pick thresholds and per-shape decisions, write them stamped.
 
-The crossover logic is pure (:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`) and is
-tested on the CPU with made-up timings; :class:`GpuTimer` does the measuring on a real GPU (cold L2
-by rotating weight copies, CUDA-graph replay, median of many replays, warm-up excluded).
+By default it measures the served-model catalog's decode shapes plus the op table's grid (the box
+edges): the threshold rule is chosen from the box edges, and every measured shape gets its own
+decision (``<op>.measured``, which dispatch takes before the rule). The crossover logic is pure
+(:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`, :func:`decision_table`) and so is the
+regret report (:func:`report`); they are tested on the CPU with made-up timings (any
+:class:`Timer`); :class:`GpuTimer` does the measuring on a real GPU (cold L2 by rotating weight
+copies, CUDA-graph replay, median of many replays, warm-up excluded).
 """
 
 from __future__ import annotations
@@ -340,7 +344,8 @@ def run(
             "notes": notes,
             "method": "CUDA-graph replay, cold L2 (rotating weight copies), median of replays",
         },
-        "measurements": [pt.as_dict(ties) for pt in points],
+        # "box": the point is one the threshold rule was chosen from (plot draws those)
+        "measurements": [{**pt.as_dict(ties), "box": (pt.m, pt.n, pt.k) in in_box} for pt in points],
     }
 
 
@@ -496,7 +501,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
 
     op = doc["stamp"]["op"]
-    ms = doc["measurements"]
+    ms = [r for r in doc["measurements"] if r.get("box", True)] or doc["measurements"]  # the box edges: one line per N or K
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
     if doc["thresholds"].get(f"{op}.max_tokens") is not None:
