@@ -153,3 +153,31 @@ def test_run_to_run_noise_from_independent_passes() -> None:
     assert sweep.verdict(p) == "kernel"
     p.kernel_passes, p.fallback_passes = [27.5, 30.4], [29.1, 28.9]  # a second pass disagrees by 10 %
     assert p.noise > 0.09 and sweep.verdict(p) == "tie"
+
+
+@pytest.mark.hwprofile_gpu("sm_90")
+def test_gpu_sweep_measures_model_shapes_and_reports_regret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One model's shapes plus one box edge on the GPU: a per-shape table, its stamp's shapes, the regret report."""
+    from hwprofile.cli import main
+
+    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
+    hwprofile.reset()
+    out = tmp_path / "gemv.toml"
+    argv = ["sweep", "gemv", "--models", "llama-3.1-8b", "--shapes", "2048x2048", "--reps", "3", "--output", str(out), "--report"]
+    assert main(argv) == 0
+    import tomllib
+
+    doc = tomllib.loads(out.read_text())
+    table = tuning.parse_measured("gemv", doc["thresholds"]["gemv.measured"], where=str(out))
+    assert (1, 2048, 2048) in table and (1, 4096, 14336) in table  # the box edge and Llama-3.1-8B's down projection
+    assert doc["stamp"]["plan"] and "1x4096x14336" in doc["stamp"]["shapes"]
+    printed = capsys.readouterr().out
+    assert "regret" in printed and "geomean" in printed
+    env = {"HWPROFILE_TUNED_FILE": str(out)}
+    prof = build_profile(hwprofile.profile(0).device, Registry(env).load_entry_points(), env)
+    from hwprofile.ops import decide
+
+    d = decide("gemv", prof, m=1, n=4096, k=14336)
+    assert d.basis == "measured" and d.path == ("kernel" if table[(1, 4096, 14336)].kernel else "fallback")
