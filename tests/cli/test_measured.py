@@ -395,3 +395,29 @@ def test_a_plugin_table_its_stamp_does_not_cover_is_refused(h200: hwprofile.Prof
     prof = build_profile(h200.device, reg, ENV)
     with pytest.raises(SettingError, match=r"1x2048x12288 that its stamp's launch plan .* does not cover"):
         decide("gemv", prof, m=1, n=2048, k=12288)
+
+
+def test_gpu_timer_times_only_the_fallback_where_the_plan_refuses(h200: hwprofile.Profile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalog shape the plugin's planner refuses (ValueError from run_kernel) must not end a whole-catalog
+    sweep: it gets no kernel time, and the fallback is still timed. Driven on the CPU: the graph replay is
+    replaced by one call per copy."""
+    torch = pytest.importorskip("torch")
+    from hwprofile import ops
+
+    def refuse(*a: Any, **kw: Any) -> bool:
+        raise ValueError("the sm90 kernel does not plan this shape")
+
+    monkeypatch.setattr(ops, "run_kernel", refuse)
+    timer = sweep.GpuTimer(h200, reps=3, rotate_bytes=1 << 16)
+    timer.dev = torch.device("cpu")
+    calls: list[int] = []
+
+    def graph(fn: Any, copies: int) -> list[float]:
+        for i in range(copies):
+            fn(i)
+        calls.append(copies)
+        return [2.0, 2.0, 2.0]
+
+    monkeypatch.setattr(timer, "_graph", graph)
+    p = timer.measure("gemv", 1, 64, 512)
+    assert p.kernel_us == [] and p.fallback_us == [2.0] * 6 and sweep.verdict(p) == "fallback" and len(calls) == 2

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ._log import get_logger
+
+log = get_logger(__name__)
+
 NOISE_FLOOR = 0.02  # relative: differences under 2 % are ties even when replays agree better
 
 
@@ -235,7 +239,13 @@ class GpuTimer:
         out = torch.empty(m, n, device=self.dev, dtype=getattr(torch, d.out_dtype))
         kernel: list[float] = []
         kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
-        if kernel_ok and ops.run_kernel(op, out, x, ws[0], scales[0] if scales else None):
+        if kernel_ok:
+            try:
+                kernel_ok = ops.run_kernel(op, out, x, ws[0], scales[0] if scales else None)
+            except ValueError as exc:  # the plugin's plan refuses the shape: no kernel time here, the sweep goes on
+                log.info("%s M=%d N=%d K=%d: the kernel refuses the shape (%s); timing the fallback only", op, m, n, k, exc)
+                kernel_ok = False
+        if kernel_ok:
             kernel = self._graph(
                 lambda i: ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None), copies
             )
