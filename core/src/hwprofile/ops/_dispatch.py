@@ -1,9 +1,11 @@
 """Dispatch: the routing function, per-device tables, route memos, the eager front. Never imports torch at import.
 
 :func:`route` is the only place that decides kernel or fallback. Its inputs are read once per
-device into a :class:`_Route` per op (thresholds and bounds from the profile, availability of the
-kernel, deterministic mode), so a decision is a few integer comparisons; the ops remember its answer
-per (device, M, N, K) in their entry's memo, and :func:`decide` turns it into words.
+device into a :class:`_Route` per op (thresholds and bounds from the profile, the per-shape
+decisions of ``<op>.measured`` parsed into a dict, availability of the kernel, deterministic
+mode), so a decision is one dict lookup and a few integer comparisons; the ops remember its answer
+per (device, M, N, K) in their entry's memo, and :func:`decide` turns it into words (saying whether
+a measurement at that shape or the box rule decided).
 
 :func:`call` is every public op's eager entry. The common call (2-D operands of the contract dtypes
 on one device, no ``out``) is checked and routed inline, with a few tensor attribute reads and one
