@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests firstrun ops eager floor engine sweeps variants counters clocks import agreement)
+SUITES=(tests firstrun ops eager floor engine sweeps catalog variants counters clocks import agreement)
 
 usage() {
   cat <<'EOF'
@@ -27,6 +27,8 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
   floor      bench_ops.py floor twice, pinned: the op's own cost and the wrapper floor (floor_N.log/json)
   engine     bench_engine.py: MoE gate and decode stack, eager/graph/compile (engine.log/json)
   sweeps     hwprofile sweep of each op, stamped (OP.toml, OP.png, OP.log, samples/); OPS="..." narrows it
+  catalog    catalog_h200.py: every op over the served-model catalog + box edges in one run: regret per shape,
+             fp8 vs bf16, stamped tuned files (catalog.log/json, catalog_regret.png, tuned/); OPS="a,b" narrows it
   variants   variants_sm90.py round ROUND (default 7; ROUND="6 7" for several)
   counters   ncu_gemv.py under Nsight Compute: details page (ncu.csv) and raw page (ncu_raw.csv)
   clocks     clocks_gemv.py: sustained vs isolated GEMV, clocks and power (clocks.log/json)
@@ -190,6 +192,11 @@ suite_sweeps() {
     step "$op.log" hw sweep "$op" --output "$D/$op.toml" --plot "$D/$op.png"
     tail -4 "$D/$op.log"
   done
+}
+
+suite_catalog() {
+  step catalog.log env OUT="$D" python3 benchmarks/catalog_h200.py ${OPS:+--ops "$OPS"}
+  grep -E "geomean|^FAIL|^PASS|measured [0-9]+ shapes" "$D/catalog.log"
 }
 
 suite_variants() {

@@ -79,19 +79,24 @@ def h200(monkeypatch: pytest.MonkeyPatch) -> hwprofile.Profile:
 
 def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     timer = FakeTimer({m: (4.0, 7.0) if m <= 6 else (8.0, 7.0) for m in range(1, 17)})
-    doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30")
-    assert doc["thresholds"] == {
+    box = sweep.box_grid("router_gemm")
+    doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30", box=box)
+    measured = doc["thresholds"].pop("router_gemm.measured")
+    assert doc["thresholds"] == {  # the rule is chosen from the box edges only, not from the catalog's sparse shapes
         "router_gemm.max_tokens": 6,
         "router_gemm.min_n": 256,
         "router_gemm.max_n": 384,
         "router_gemm.min_k": 7168,
         "router_gemm.max_k": 7168,
     }
+    assert len(tuning.parse_measured("router_gemm", measured, where="test")) == len(doc["measurements"])
     st = doc["stamp"]
     assert st["plugin"] == "sm90" and st["compute_capability"] == [9, 0] and st["kernel"]
-    assert st["plan"] == tuning.plan_digest("router_gemm", h200.kernels["router_gemm"])  # the launches it measured
+    extra = [tuple(map(int, x.split("x"))) for x in st["shapes"]]  # the catalog's shapes outside the op's grid
+    assert extra and not set(extra) & set(box)
+    assert st["plan"] == tuning.plan_digest("router_gemm", h200.kernels["router_gemm"], extra)  # the launches it measured
     assert st["fallback"]["function"] == "torch.mm(out_dtype=torch.float32)" and "torch" in st["fallback"] and "uuid" not in str(st).lower()
-    assert len(doc["measurements"]) == 32 and doc["measurements"][0]["kernel_samples"]
+    assert len(doc["measurements"]) == len(sweep.default_grid("router_gemm")) > 32 and doc["measurements"][0]["kernel_samples"]
     f = tmp_path / "router.toml"
     sweep.write(doc, f)
     env = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine", "HWPROFILE_TUNED_FILE": str(f)}
@@ -148,3 +153,31 @@ def test_run_to_run_noise_from_independent_passes() -> None:
     assert sweep.verdict(p) == "kernel"
     p.kernel_passes, p.fallback_passes = [27.5, 30.4], [29.1, 28.9]  # a second pass disagrees by 10 %
     assert p.noise > 0.09 and sweep.verdict(p) == "tie"
+
+
+@pytest.mark.hwprofile_gpu("sm_90")
+def test_gpu_sweep_measures_model_shapes_and_reports_regret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One model's shapes plus one box edge on the GPU: a per-shape table, its stamp's shapes, the regret report."""
+    from hwprofile.cli import main
+
+    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
+    hwprofile.reset()
+    out = tmp_path / "gemv.toml"
+    argv = ["sweep", "gemv", "--models", "llama-3.1-8b", "--shapes", "2048x2048", "--reps", "3", "--output", str(out), "--report"]
+    assert main(argv) == 0
+    import tomllib
+
+    doc = tomllib.loads(out.read_text())
+    table = tuning.parse_measured("gemv", doc["thresholds"]["gemv.measured"], where=str(out))
+    assert (1, 2048, 2048) in table and (1, 4096, 14336) in table  # the box edge and Llama-3.1-8B's down projection
+    assert doc["stamp"]["plan"] and "1x4096x14336" in doc["stamp"]["shapes"]
+    printed = capsys.readouterr().out
+    assert "regret" in printed and "geomean" in printed
+    env = {"HWPROFILE_TUNED_FILE": str(out)}
+    prof = build_profile(hwprofile.profile(0).device, Registry(env).load_entry_points(), env)
+    from hwprofile.ops import decide
+
+    d = decide("gemv", prof, m=1, n=4096, k=14336)
+    assert d.basis == "measured" and d.path == ("kernel" if table[(1, 4096, 14336)].kernel else "fallback")

@@ -61,7 +61,7 @@ def seam(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> Iterator[None]
 def _load_gives(monkeypatch: pytest.MonkeyPatch, kern: Any) -> list[str]:
     loaded: list[str] = []
 
-    def load(spec: Any, target: str, plan: Launch, index: int, arg_types: Any) -> Any:
+    def load(spec: Any, target: str, plan: Launch, index: int, arg_types: Any, **kw: Any) -> Any:
         loaded.append(plan.name_expression)
         return kern
 

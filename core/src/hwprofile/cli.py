@@ -20,7 +20,10 @@ from .errors import DeviceError, HwprofileError, ToolchainError
 from .optable import OPS
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, key: str = "") -> str:
+    if key.endswith(".measured") and isinstance(v, str) and v:  # a per-shape table: its size here, its entries in explain
+        n = len(v.replace(";", " ").split())
+        return f"<{n} measured shape{'s' if n != 1 else ''}>"
     return json.dumps(v) if isinstance(v, (bool, str)) or v is None else str(v)
 
 
@@ -90,7 +93,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         notes += [f"stale {x.kind} value ignored" for x in s.chain if not x.applied]
         return "; ".join(notes)
 
-    rows = [[k, _fmt(s.value), s.winner.source, note(s)] for k, s in prof.settings.items()]
+    rows = [[k, _fmt(s.value, k), s.winner.source, note(s)] for k, s in prof.settings.items()]
     print(table(rows, ["setting", "value", "source", "note"]))
     if prof.env_defaults:
         print()
@@ -179,6 +182,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             ],
             "generic": "any capability as sm_XY or X.Y (e.g. sm_110, 11.0)",
             "plugin_error": extra_error,
+            "models": _models_hint(),
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -192,9 +196,21 @@ def cmd_devices(args: argparse.Namespace) -> int:
             for k, e, src in sims]
     print(table(rows, ["simulate with", "device", "capability", "memory", "SMs", "from"]))
     print("\nalso any capability as sm_XY or X.Y (e.g. --simulate sm_110); a comma list simulates several GPUs")
+    print(f"\n{_models_hint()}")
     if extra_error:
         print(f"plugin catalog entries unavailable: {extra_error}", file=sys.stderr)
     return 0
+
+
+def _models_hint() -> str:
+    """Where the served-model catalog is and how a user adds a model (``hwprofile devices``)."""
+    from . import models
+
+    return (
+        f"served-model shapes: 'hwprofile sweep OP' measures the decode shapes of the models in {models.SHIPPED} by default "
+        "(--models NAME,... picks some); to add your own, write a file of the same format (one [\"name\"] table with "
+        "source, hidden, heads, kv_heads, intermediate, experts, vocab, tp, fp8 from its config.json) and pass --models-file FILE"
+    )
 
 
 def version_text() -> str:
@@ -223,13 +239,17 @@ class _VersionAction(argparse.Action):
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.list and args.key is not None:
         raise HwprofileError(f"explain takes a KEY or --list, not both (got {args.key!r} and --list)")
+    if args.shape is not None and args.key not in OPS:
+        raise HwprofileError(f"--shape explains an op's decision: give an op ({', '.join(OPS)}) as KEY, got {args.key!r}")
     prof = _profile(args)
+    if args.key in OPS:
+        return _explain_decision(prof, args)
     if args.list or args.key is None:
         if args.json:
             print(json.dumps({k: {"value": s.value, "source": s.winner.source, "doc": s.setting.doc, "env_var": s.setting.env_var}
                               for k, s in prof.settings.items()}, indent=2, default=str))
             return 0
-        rows = [[k, _fmt(s.value), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
+        rows = [[k, _fmt(s.value, k), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
         print(table(rows, ["setting", "value", "override with", "what it does"]))
         if not args.list:
             print("\nhwprofile explain KEY shows where a value comes from")
@@ -248,7 +268,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, default=str))
         return 0
     s = r.setting
-    print(f"{s.key} = {_fmt(r.value)}   (from {r.winner.source})")
+    print(f"{s.key} = {_fmt(r.value, s.key)}   (from {r.winner.source})")
     print(f"  {s.doc}")
     identical = "bit-identical" if s.bit_identical else "NOT bit-identical"
     print(f"  type {s.type}, allowed {s.allowed()}; override with {s.env_var}; {identical}")
@@ -256,7 +276,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for layer in r.chain:
         mark = "->" if layer is r.winner else ("xx" if not layer.applied else "  ")
         why = f"  ({layer.reason})" if layer.reason else ""
-        print(f"   {mark} {layer.kind:<10} {_fmt(layer.value):<8} {layer.source}{why}")
+        print(f"   {mark} {layer.kind:<10} {_fmt(layer.value, s.key):<8} {layer.source}{why}")
         if layer.stamp is not None:
             from . import tuning
 
@@ -275,6 +295,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 print(f"        {what}")
             if c.stale:
                 print(f"        re-measure with: hwprofile sweep {st.op}")
+    if s.key.endswith(".measured") and r.value:
+        _print_measured(s.key, r.value, r.winner.source)
     from . import tuning
     from .optable import owner
 
@@ -330,6 +352,41 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         print(f"FAILED: {', '.join(failed)}: with {_env.SELFTEST.name}=1 these kernels are disabled on this device (the op falls back)")
         return 1
     print("every instance passed")
+    return 0
+
+
+def _print_measured(key: str, text: str, source: str) -> None:
+    """The per-shape decisions of an ``<op>.measured`` value, one row per shape (``explain``)."""
+    from . import tuning
+
+    op = key.rsplit(".", 1)[0]
+    rows = [
+        [str(m), str(n), str(k), "kernel" if d.kernel else "fallback",
+         "-" if d.kernel_us is None else f"{d.kernel_us:g}", f"{d.fallback_us:g}"]
+        for (m, n, k), d in sorted(tuning.parse_measured(op, text, where=source).items())
+    ]
+    print(f"  measured decisions ({len(rows)} shapes; dispatch takes them before the box rule):")
+    print(table(rows, ["M", "N", "K", "path", "kernel us", "fallback us"]))
+
+
+def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
+    """``hwprofile explain OP --shape MxNxK``: the path the op takes at that shape and what decided it."""
+    from .ops import decide
+
+    if args.shape is None:
+        raise HwprofileError(f"explain {args.key} needs --shape MxNxK (e.g. --shape 1x4096x7168); a setting key is explained without it")
+    try:
+        m, n, k = (int(x) for x in args.shape.lower().split("x"))
+    except ValueError:
+        raise HwprofileError(f"--shape {args.shape!r}: write it as MxNxK with integers (e.g. 1x4096x7168)") from None
+    d = decide(args.key, prof, m=m, n=n, k=k)
+    if args.json:
+        doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}
+        print(json.dumps(doc, indent=2))
+        return 0
+    what = {"measured": "measured at this shape", "rule": "box rule", "fixed": "no choice"}[d.basis]
+    print(f"{d.op} at M={m} N={n} K={k}: {d.path}   ({what})")
+    print(f"  {d.reason}")
     return 0
 
 
@@ -662,30 +719,6 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
     return out
 
 
-def _sweep_grid(args: argparse.Namespace) -> list[tuple[int, int, int]]:
-    """The (M, N, K) points ``--shapes`` / ``--m`` / ``--n`` / ``--k`` ask for, or the op's default grid."""
-    from . import sweep
-
-    grid = sweep.default_grid(args.op)
-    if args.shapes:
-        try:
-            pairs = [tuple(int(x) for x in s.strip().lower().split("x")) for s in args.shapes.split(",")]
-        except ValueError:
-            pairs = []
-        if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
-            raise HwprofileError(f"--shapes {args.shapes!r} is invalid: write NxK pairs of positive integers, e.g. 256x7168,512x4096")
-        grid = [(1, n, k) for n, k in pairs]
-    ms, ns, ks = _ints(args.m, "--m"), _ints(args.n, "--n"), _ints(args.k, "--k")
-    if ms or ns or ks:
-        grid = [
-            (m, n, k)
-            for m in (ms or sorted({g[0] for g in grid}))
-            for n in (ns or sorted({g[1] for g in grid}))
-            for k in (ks or sorted({g[2] for g in grid}))
-        ]
-    return grid
-
-
 def _check_tuned_output(out: Path) -> None:
     """The tuned file and its raw samples (``samples/<name>`` beside it): what :func:`hwprofile.sweep.write` will refuse."""
     from ._files import check_writable
@@ -718,13 +751,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Everything the user gave (grid, output paths, plot) is checked before the device is touched: a
     refused path or a missing matplotlib must not end minutes of GPU work."""
     from . import sweep
-    from .tuning import tuned_dir
+    from .tuning import SAMPLES_DIR, tuned_dir
 
-    grid = _sweep_grid(args)
+    grid, box = _sweep_grid(args)  # before the device: a bad model file or name is an error on any machine
     if args.output is not None:
         _check_tuned_output(args.output)
     if args.plot is not None:
         _check_plot(args.plot, args.output)
+    if args.regret_plot is not None:
+        if not args.report:
+            raise HwprofileError(f"--regret-plot {args.regret_plot} is written by --report: add --report, or leave --regret-plot out")
+        _check_plot(args.regret_plot, args.output)
     try:
         prof = _profile(args)
     except DeviceError as exc:
@@ -746,7 +783,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False")
     if prof.plugin is None or args.op not in prof.kernels:
         raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
-    doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70))
+    doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70), box=box)
     rows = [
         [
             str(r["m"]), str(r["n"]), str(r["k"]),
@@ -755,7 +792,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for r in doc["measurements"]
     ]
     print(table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
-    print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items()))
+    measured_key = f"{args.op}.measured"
+    print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items() if k != measured_key))
+    print(f"{measured_key}: one decision for each of the {len(doc['measurements'])} measured shapes (the box rule decides elsewhere)")
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
     samples = sweep.write(doc, out)
@@ -766,7 +805,71 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         sweep.plot(doc, args.plot)
         print(f"wrote {args.plot}")
+    if args.report:
+        _sweep_report(prof, doc, args.regret_plot or out.parent / SAMPLES_DIR / f"{out.stem}-regret.png")
     return 0
+
+
+def _sweep_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """(every shape to measure, the box edges the threshold rule is chosen from) for ``hwprofile sweep``.
+
+    By default the served-model catalog's shapes plus the op table's grid (the box edges);
+    ``--models``/``--models-file`` narrow or extend the catalog; ``--shapes``/``--m``/``--n``/``--k``
+    replace the box edges, and then the catalog is measured only if ``--models``/``--models-file`` ask for it.
+    """
+    from . import sweep
+
+    box = sweep.box_grid(args.op)
+    explicit = False
+    if args.shapes:
+        explicit = True
+        try:
+            pairs = [tuple(int(x) for x in s.strip().lower().split("x")) for s in args.shapes.split(",")]
+        except ValueError:
+            pairs = []
+        if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+            raise HwprofileError(f"--shapes {args.shapes!r} is invalid: write NxK pairs of positive integers, e.g. 4096x7168,2048x16384")
+        box = [(1, n, k) for n, k in pairs]
+    ms, ns, ks = _ints(args.m, "--m"), _ints(args.n, "--n"), _ints(args.k, "--k")
+    if ms or ns or ks:
+        explicit = True
+        box = [
+            (m, n, k)
+            for m in (ms or sorted({g[0] for g in box}))
+            for n in (ns or sorted({g[1] for g in box}))
+            for k in (ks or sorted({g[2] for g in box}))
+        ]
+    names = None if args.models is None else [x for x in args.models.split(",") if x.strip()]
+    if names is not None and not names and not args.models_file:
+        raise HwprofileError("--models names no model; give NAME,NAME ('hwprofile devices' says where the catalog lists them)")
+    asked = names is not None or bool(args.models_file)
+    if explicit and names is None:
+        names = []  # explicit shapes: the shipped catalog only if --models asks for it (a --models-file's models still count)
+    catalog = sweep.model_grid(args.op, names, args.models_file) if names != [] or args.models_file else []
+    if asked:
+        if not catalog:
+            raise HwprofileError(f"the chosen models give {args.op} no shape (a dense model has no router; FP8 needs fp8 = true)")
+    return sorted({*catalog, *box}), box
+
+
+def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path) -> None:
+    """``hwprofile sweep --report``: per measured shape both times, the path the result takes and its regret; a plot."""
+    from . import sweep
+
+    rows = sweep.report(prof, doc)
+    print()
+    print(table(sweep.report_rows(rows), sweep.REPORT_HEADER))
+    worst = max(rows, key=lambda r: r.regret)
+    print(
+        f"\nregret (time of the path taken / time of the faster path): geomean {sweep.geomean(r.regret for r in rows):.4f}, "
+        f"worst {worst.regret:.3f} at M={worst.m} N={worst.n} K={worst.k}"
+    )
+    try:
+        sweep.plot_regret({doc["stamp"]["op"]: rows}, plot_path, title=f"{doc['stamp']['device']}, {doc['stamp']['date']}")
+    except ImportError:
+        print("no regret plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return
+    print(f"wrote {plot_path} (regret per shape)")
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:
@@ -830,7 +933,10 @@ def build_parser() -> argparse.ArgumentParser:
         "devices", parents=[simulate, js], help="visible devices and every device that can be simulated"
     ).set_defaults(fn=cmd_devices)
     s = sub.add_parser("explain", parents=[device, simulate, js], help="the whole provenance chain of one setting (--list: every key)")
-    s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens")
+    s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens; or an op with --shape")
+    s.add_argument(
+        "--shape", metavar="MxNxK", help="with an op as KEY: the path it takes at this shape, and whether a measurement or the box rule did"
+    )
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
     s = sub.add_parser(
@@ -877,7 +983,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--m", help="tokens: 1..16 or 1,2,4 (router_gemm, linear_bf16_fp32)")
     s.add_argument("--n", help="output features: 256,384 or a range")
     s.add_argument("--k", help="input features")
-    s.add_argument("--shapes", help="GEMV shapes as NxK,NxK (M = 1)")
+    s.add_argument("--shapes", help="GEMV shapes as NxK,NxK (M = 1); with --m/--n/--k they replace the box edges, and the catalog "
+                   "is measured only if --models/--models-file ask for it")
+    s.add_argument("--models", metavar="NAME,...", help="measure only these served models' shapes (default: the whole catalog; "
+                   "'hwprofile devices' says where it is)")
+    s.add_argument("--models-file", metavar="FILE", type=_user_path, action="append", default=[],
+                   help="your own models, in the catalog's format (models.toml shipped with hwprofile); repeatable")
+    s.add_argument("--report", action="store_true", help="print per shape both times, the path taken and its regret; write a regret plot")
+    s.add_argument(
+        "--regret-plot", type=_user_path, help="where --report writes its plot (default: samples/<op>-regret.png beside the tuned file)"
+    )
     s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
     s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
     s.add_argument("--output", type=_user_path, help="tuned file to write (default: this device's tuned directory)")

@@ -147,6 +147,24 @@ def _gemv_settings(op: str, what: str) -> tuple[SettingDecl, ...]:
     )
 
 
+def _measured(op: str) -> SettingDecl:
+    """``<op>.measured``: the per-shape decisions of a sweep (format: ``hwprofile.tuning.MEASURED_FORMAT``).
+
+    A str so that layers, stamps, staleness, ``explain`` and the cross-rank agreement cover it as
+    any other setting; dispatch parses it once per device table (``tuning.parse_measured``).
+    """
+    return (
+        f"{op}.measured",
+        "str",
+        "",
+        f"per-shape decisions of a sweep of {op} (MxNxK=kernel|fallback:KERNEL_US/FALLBACK_US; '; '-separated): "
+        "the path taken at each measured shape; the box rule decides elsewhere",
+        True,
+        None,
+        None,
+    )
+
+
 _ROUTER_GRID = tuple((m, n, 7168) for m in range(1, 17) for n in (256, 384))
 _LINEAR_GRID = tuple((m, n, 7168) for m in range(1, 17) for n in (256, 4096))
 _GEMV_GRID = tuple((1, n, k) for n in (2048, 4096, 7168, 12288, 16384, 28672) for k in (2048, 4096, 7168, 16384))
@@ -178,6 +196,7 @@ ROUTER_GEMM = OpDef(
             16,
         ),
         *_mnk_bounds("router_gemm", "JIT router GEMM", (256, 384), (7168, 7168)),
+        _measured("router_gemm"),
     ),
 )
 LINEAR_BF16_FP32 = OpDef(
@@ -203,6 +222,7 @@ LINEAR_BF16_FP32 = OpDef(
             16,
         ),
         *_mnk_bounds("linear_bf16_fp32", "small-M linear kernel", (256, 4096), (7168, 7168)),
+        _measured("linear_bf16_fp32"),
     ),
 )
 GEMV = OpDef(
@@ -234,6 +254,7 @@ GEMV = OpDef(
             None,
         ),
         *_gemv_settings("gemv", "bf16 GEMV kernel (M = 1)"),
+        _measured("gemv"),
     ),
 )
 FP8_GEMV = OpDef(
@@ -254,7 +275,7 @@ FP8_GEMV = OpDef(
     roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
     threshold="box",
     grid=_FP8_GRID,
-    settings=_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)"),
+    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)"), _measured("fp8_gemv")),
 )
 
 #: every op, by name, in the order the CLI and the docs list them

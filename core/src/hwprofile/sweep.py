@@ -1,18 +1,27 @@
-"""``hwprofile sweep``: time a kernel against its fallback, pick thresholds, write them stamped.
+"""``hwprofile sweep``: time a kernel against its fallback, pick thresholds and per-shape decisions, write them stamped.
 
-The crossover logic is pure (:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`) and is
-tested on the CPU with made-up timings; :class:`GpuTimer` does the measuring on a real GPU (cold L2
-by rotating weight copies, CUDA-graph replay, median of many replays, warm-up excluded).
+By default it measures the served-model catalog's decode shapes plus the op table's grid (the box
+edges): the threshold rule is chosen from the box edges, and every measured shape gets its own
+decision (``<op>.measured``, which dispatch takes before the rule). The crossover logic is pure
+(:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`, :func:`decision_table`) and so is the
+regret report (:func:`report`); they are tested on the CPU with made-up timings (any
+:class:`Timer`); :class:`GpuTimer` does the measuring on a real GPU (cold L2 by rotating weight
+copies, CUDA-graph replay, median of many replays, warm-up excluded).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from ._log import get_logger
+
+log = get_logger(__name__)
 
 NOISE_FLOOR = 0.02  # relative: differences under 2 % are ties even when replays agree better
 
@@ -127,7 +136,7 @@ def predicate_box(points: Iterable[Point], ties: str = "fallback") -> tuple[int,
     return best[1], best[2], notes
 
 
-def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[str, int], list[str]]:
+def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[str, int | str], list[str]]:
     """The settings a sweep of ``op`` decides: its threshold and the bounds of the region it measured.
 
     Outside the measured N and K the op keeps its fallback (nobody measured there).
@@ -146,7 +155,7 @@ def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[st
             f"{op}.max_k": max(ks),
         }, notes
     n, k, notes = predicate_box(points, ties)
-    out = {f"{op}.min_n": min(ns), f"{op}.max_n": n, f"{op}.min_k": min(ks), f"{op}.max_k": k}
+    out: dict[str, int | str] = {f"{op}.min_n": min(ns), f"{op}.max_n": n, f"{op}.min_k": min(ks), f"{op}.max_k": k}
     if d.roof is not None:
         out.update({b: 0 for b in d.roof if isinstance(b, str)})
     return out, notes
@@ -230,7 +239,13 @@ class GpuTimer:
         out = torch.empty(m, n, device=self.dev, dtype=getattr(torch, d.out_dtype))
         kernel: list[float] = []
         kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
-        if kernel_ok and ops.run_kernel(op, out, x, ws[0], scales[0] if scales else None):
+        if kernel_ok:
+            try:
+                kernel_ok = ops.run_kernel(op, out, x, ws[0], scales[0] if scales else None)
+            except ValueError as exc:  # the plugin's plan refuses the shape: no kernel time here, the sweep goes on
+                log.info("%s M=%d N=%d K=%d: the kernel refuses the shape (%s); timing the fallback only", op, m, n, k, exc)
+                kernel_ok = False
+        if kernel_ok:
             kernel = self._graph(
                 lambda i: ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None), copies
             )
@@ -242,8 +257,8 @@ class GpuTimer:
         return kernel, fallback
 
 
-def default_grid(op: str) -> list[tuple[int, int, int]]:
-    """The op table's sweep grid for ``op``."""
+def box_grid(op: str) -> list[tuple[int, int, int]]:
+    """The op table's sweep grid for ``op``: the box edges the threshold rule is chosen from."""
     from .optable import get
 
     return list(get(op).grid)
@@ -253,14 +268,37 @@ def model_grid(op: str, models: Sequence[str] | None = None, model_files: Sequen
     """The served-model catalog's shapes for ``op`` (every model, or the named ones, plus those of
     ``model_files``), sorted: what a sweep must measure so that dispatch is right where models run.
 
-    Not yet the default grid: :func:`thresholds_for` turns a grid into one threshold and one N x K
-    box, and a box spanning the catalog's shapes would include combinations nobody measured. The
-    catalog becomes the default once a tuned result can hold one decision per measured shape.
+    A file's models join the selection whether or not ``models`` names them (naming a file is
+    asking for its models).
     """
     from . import models as catalog
 
     known = catalog.load(model_files)
-    return catalog.shapes(op, known if models is None else catalog.select(known, models))
+    if models is None:
+        return catalog.shapes(op, known)
+    shipped = catalog.load() if model_files else known
+    chosen = {**catalog.select(known, models), **{k: v for k, v in known.items() if k not in shipped}}
+    return catalog.shapes(op, chosen)
+
+
+def default_grid(op: str, models: Sequence[str] | None = None, model_files: Sequence[Path | str] = ()) -> list[tuple[int, int, int]]:
+    """What ``hwprofile sweep OP`` measures by default: the catalog's shapes (:func:`model_grid`) and
+    the box edges (:func:`box_grid`), sorted, each once.
+
+    The catalog's shapes become per-shape decisions (``<op>.measured``); the box edges also give
+    the threshold and the box the rule uses at every shape nobody measured (a box spanning the
+    catalog's sparse shapes would include combinations nobody measured).
+    """
+    return sorted({*model_grid(op, models, model_files), *box_grid(op)})
+
+
+def decision_table(points: Sequence[Point], ties: str) -> dict[tuple[int, int, int], Any]:
+    """One decision per measured shape: the faster path (a tie goes to ``ties``), with both times."""
+    from .tuning import Measured
+
+    return {
+        (p.m, p.n, p.k): Measured(_wins(p, ties), round(p.kernel, 3) if p.kernel_us else None, round(p.fallback, 3)) for p in points
+    }
 
 
 def run(
@@ -271,18 +309,32 @@ def run(
     ties: str = "fallback",
     progress: Callable[[int, int, str], None] | None = None,
     date: str | None = None,
+    box: Sequence[tuple[int, int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Measure every grid point, choose thresholds, and return the stamped tuned-file document."""
+    """Measure every grid point, choose thresholds, and return the stamped tuned-file document.
+
+    The threshold and box are chosen from the points of ``box`` (default: the whole grid; points of
+    ``box`` not in ``grid`` are measured too); every measured shape also gets its own decision,
+    ``<op>.measured``, which dispatch takes before the rule. The stamp's plan digest covers the
+    op's grid and every measured shape (``stamp.shapes`` lists those outside the grid).
+    """
     from . import tuning as stamps
 
+    shapes = list(dict.fromkeys((*grid, *(box or ()))))
     points = []
-    for i, (m, n, k) in enumerate(grid):
+    for i, (m, n, k) in enumerate(shapes):
         points.append(timer.measure(op, m, n, k))
         if progress:
-            progress(i + 1, len(grid), f"{op} M={m} N={n} K={k}")
-    chosen, notes = thresholds_for(op, points, ties)
+            progress(i + 1, len(shapes), f"{op} M={m} N={n} K={k}")
+    in_box = set(box) if box is not None else set(shapes)
+    chosen, notes = thresholds_for(op, [p for p in points if (p.m, p.n, p.k) in in_box], ties)
+    table = decision_table(points, ties)
     spec = prof.kernels.get(op)
+    notes += _routable(prof, op, table, spec)
+    chosen[stamps.measured_key(op)] = stamps.format_measured(table)
     p = prof.plugin
+    grid_set = set(_optable_grid(op))
+    extra = sorted(s for s in table if s not in grid_set)
     stamp = stamps.current(
         op,
         prof.device,
@@ -290,7 +342,8 @@ def run(
         (p.version or "") if p else "",
         spec.source_digest() if spec else "",
         date or time.strftime("%Y-%m-%d"),
-        plan=stamps.plan_digest(op, spec) if spec else "",
+        plan=stamps.plan_digest(op, spec, extra) if spec else "",
+        shapes=extra if spec else (),
     )
     return {
         "stamp": stamp.as_dict(),
@@ -301,8 +354,130 @@ def run(
             "notes": notes,
             "method": "CUDA-graph replay, cold L2 (rotating weight copies), median of replays",
         },
-        "measurements": [pt.as_dict(ties) for pt in points],
+        # "box": the point is one the threshold rule was chosen from (plot draws those)
+        "measurements": [{**pt.as_dict(ties), "box": (pt.m, pt.n, pt.k) in in_box} for pt in points],
     }
+
+
+def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: Any) -> list[str]:
+    """Turn kernel wins that dispatch could not route (beyond the kernel's limits, its multiples or
+    its plan: ``run_kernel`` runs outside them) into fallback decisions, in place; the notes say which."""
+    from .ops import _dispatch
+    from .tuning import Measured, beyond_limits, measured_key, shape_text
+
+    wins = {s: d for s, d in table.items() if d.kernel}
+    bad = {s: why for s in wins if (why := beyond_limits(op, s))}
+    if spec is not None:
+        r = _dispatch._Route(_dispatch.ENTRIES[op].op, prof, overrides={measured_key(op): ""})
+        bad.update({s: why for s, why in _dispatch.untakeable(r, {s: d for s, d in wins.items() if s not in bad}, spec).items()})
+    for s in bad:
+        table[s] = Measured(False, table[s].kernel_us, table[s].fallback_us)
+    return [
+        f"kernel faster at {shape_text(s)} but dispatch cannot route it there ({why}): fallback recorded" for s, why in sorted(bad.items())
+    ]
+
+
+def _optable_grid(op: str) -> tuple[tuple[int, int, int], ...]:
+    from .optable import get
+
+    return get(op).grid
+
+
+# --- regret: what the tuned result costs at each measured shape ------------------------------------
+
+
+@dataclass
+class Regret:
+    """One measured shape in a sweep's report: both times, the path the tuned result takes, and why."""
+
+    m: int
+    n: int
+    k: int
+    kernel_us: float | None  #: None: the kernel could not run the shape
+    fallback_us: float
+    path: str  #: "kernel" | "fallback": what dispatch does with the sweep's result applied
+    basis: str  #: "measured" | "rule" | "fixed" (:attr:`hwprofile.ops.Decision.basis`)
+
+    @property
+    def regret(self) -> float:
+        """Time of the path taken / time of the faster path (1.0: the faster path is taken)."""
+        k = self.kernel_us if self.kernel_us is not None else math.inf
+        taken = k if self.path == "kernel" else self.fallback_us
+        return taken / min(k, self.fallback_us)
+
+
+def report(prof: Any, doc: Mapping[str, Any]) -> list[Regret]:
+    """Per measured shape of ``doc`` (a :func:`run` result), the path dispatch takes with the result's
+    values standing above ``prof``'s, by dispatch's own routing function (no copy of its rules)."""
+    from .ops import _dispatch
+
+    op = doc["stamp"]["op"]
+    t = _dispatch._Table(prof)
+    r = _dispatch._Route(t.routes[op].op, prof, overrides=doc["thresholds"])
+    out = []
+    for row in doc["measurements"]:
+        m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
+        gate = _dispatch.route(r, m, n, k)
+        basis = _dispatch.basis(r, gate, m, n, k)
+        kernel = float(row["kernel_us"])
+        path = "kernel" if gate is None else "fallback"
+        out.append(Regret(m, n, k, kernel if kernel > 0 else None, float(row["fallback_us"]), path, basis))
+    return out
+
+
+def geomean(xs: Iterable[float]) -> float:
+    """Geometric mean (1.0 for no values)."""
+    vals = list(xs)
+    return math.exp(sum(math.log(x) for x in vals) / len(vals)) if vals else 1.0
+
+
+def report_rows(rows: Sequence[Regret]) -> list[list[str]]:
+    """Table rows for :func:`report`'s result: M, N, K, kernel, fallback, path (basis), regret."""
+    return [
+        [str(r.m), str(r.n), str(r.k), "-" if r.kernel_us is None else f"{r.kernel_us:.2f}", f"{r.fallback_us:.2f}",
+         f"{r.path} ({r.basis})", f"{r.regret:.3f}"]
+        for r in rows
+    ]
+
+
+REPORT_HEADER = ["M", "N", "K", "kernel us", "fallback us", "path taken", "regret"]
+
+
+def plot_regret(reports: Mapping[str, Sequence[Regret]], path: Path, title: str = "") -> None:
+    """Regret per measured shape, one panel per op (bars; 1.0 is the faster path taken), written atomically.
+
+    Built without pyplot (no backend switch, nothing left registered in the caller's process).
+    """
+    import io
+
+    from matplotlib.figure import Figure
+
+    from ._files import atomic_write
+
+    ops = [op for op, rows in reports.items() if rows]
+    if not ops:
+        raise ValueError("plot_regret: no measured shape to plot")
+    fig = Figure(figsize=(max(8.0, 0.12 * max(len(reports[o]) for o in ops)), 2.8 * len(ops)))
+    axes = fig.subplots(len(ops), 1, squeeze=False)[:, 0]
+    for ax, op in zip(axes, ops, strict=True):
+        rows = reports[op]
+        xs = range(len(rows))
+        colors = ["tab:blue" if r.path == "kernel" else "tab:orange" for r in rows]
+        ax.bar(xs, [r.regret for r in rows], color=colors)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(1.03, color="gray", ls=":", lw=0.8)
+        ax.set_xticks(list(xs), [f"{r.m}x{r.n}x{r.k}" for r in rows], rotation=90, fontsize=5)
+        worst = max(r.regret for r in rows)
+        ax.set_title(f"{op}: {len(rows)} shapes, geomean regret {geomean(r.regret for r in rows):.3f}, worst {worst:.3f} "
+                     "(blue: kernel, orange: fallback)", fontsize=8)
+        ax.set_ylabel("regret", fontsize=8)
+        ax.set_ylim(0.95, max(1.1, worst * 1.02))
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    atomic_write(path, buf.getvalue(), what="regret plot")
 
 
 def write(doc: dict[str, Any], path: Path) -> Path | None:
@@ -337,7 +512,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
 
     op = doc["stamp"]["op"]
-    ms = doc["measurements"]
+    ms = [r for r in doc["measurements"] if r.get("box", True)] or doc["measurements"]  # the box edges: one line per N or K
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
     if doc["thresholds"].get(f"{op}.max_tokens") is not None:

@@ -38,7 +38,8 @@ op's measurement is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from .settings import ResolvedSetting, SettingsResolver
 
 log = get_logger(__name__)
+
+Shape = tuple[int, int, int]  #: (M, N, K)
 
 # A tuned file holds a stamp and a few thresholds (under 2 KiB); sweep writes raw samples elsewhere.
 # Anything much larger is not a tuned file, and parsing it would cost every first profile() (an
@@ -92,7 +95,7 @@ def fallback_identity(op: str) -> dict[str, str]:
 class Stamp(Record):
     """What a threshold was measured against: where, with which plugin and kernel, against which fallback."""
 
-    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date", "plan")
+    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date", "plan", "shapes")
 
     #: The op whose threshold this is (an op-table name).
     op: str
@@ -113,6 +116,9 @@ class Stamp(Record):
     #: when the sweep did not record one: a threshold holds for a launch plan (tile, grid, PDL) as
     #: much as for a kernel source, and a plan can change while the source stays the same.
     plan: str
+    #: The measured shapes outside the op's sweep grid that :attr:`plan` also covers (a per-shape
+    #: table's shapes, :func:`parse_measured`), sorted: the plan is recomputed over the same shapes.
+    shapes: tuple[Shape, ...]
 
     def __init__(
         self,
@@ -126,6 +132,7 @@ class Stamp(Record):
         date: str = "",
         *,
         plan: str = "",
+        shapes: Iterable[Shape] = (),
     ) -> None:
         _set(self, "op", op)
         _set(self, "device", device)
@@ -136,6 +143,7 @@ class Stamp(Record):
         _set(self, "fallback", MappingProxyType(dict(fallback)))
         _set(self, "date", date)
         _set(self, "plan", plan)
+        _set(self, "shapes", tuple(sorted({(int(m), int(n), int(k)) for m, n, k in shapes})))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +156,7 @@ class Stamp(Record):
             "fallback": dict(self.fallback),
             "date": self.date,
             "plan": self.plan,
+            "shapes": [shape_text(s) for s in self.shapes],
         }
 
     @classmethod
@@ -163,6 +172,7 @@ class Stamp(Record):
                 fallback={str(k): str(v) for k, v in dict(d.get("fallback", {})).items()},
                 date=str(d.get("date", "")),
                 plan=str(d.get("plan", "")),
+                shapes=[_shape(str(s)) for s in d.get("shapes", [])],
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise SettingError(
@@ -170,10 +180,14 @@ class Stamp(Record):
             ) from None
 
 
-def current(op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "", *, plan: str = "") -> Stamp:
+def current(
+    op: str, device: DeviceInfo, plugin: str, plugin_version: str, kernel: str, date: str = "", *, plan: str = "",
+    shapes: Iterable[Shape] = (),
+) -> Stamp:
     """The stamp that a sweep run now, here, would write."""
     return Stamp(
-        op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date, plan=plan
+        op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date, plan=plan,
+        shapes=shapes,
     )
 
 
@@ -185,27 +199,31 @@ def _forget_plans() -> None:
     _plans.clear()
 
 
-def plan_digest(op: str, spec: Any) -> str:
-    """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, every split-K choice and scale mode.
+def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
+    """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, then ``shapes`` (a per-shape
+    table's shapes outside the grid, sorted), every split-K choice and scale mode.
 
     What a stamp records beside the kernel source: the same source launched with other tiles, grid
     or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
-    Memoised per spec until ``hwprofile.reset()`` (a plan is a pure function of the shape).
+    Without ``shapes`` the digest is the grid's alone (what stamps written before per-shape tables
+    record). Memoised per spec and shapes until ``hwprofile.reset()`` (a plan is a pure function of the shape).
     """
+    grid = OPS[op].grid
+    extra = tuple(sorted(set(shapes) - set(grid)))
     key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
-           tuple(getattr(spec, "instances", ())))
+           tuple(getattr(spec, "instances", ())), extra)
     found = _plans.get(key)
     if found is None:
-        found = _plans[key] = _plan_digest(op, spec)
+        found = _plans[key] = _plan_digest(op, spec, (*grid, *extra))
     return found
 
 
-def _plan_digest(op: str, spec: Any) -> str:
+def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
     import hashlib
 
     d = OPS[op]
     h = hashlib.sha256()
-    for m, n, k in d.grid:
+    for m, n, k in grid:
         for split_k in (True, False):
             for mode in d.scale_modes:
                 try:
@@ -219,6 +237,188 @@ def _plan_digest(op: str, spec: Any) -> str:
                     item = ("refused", type(exc).__name__)
                 h.update(repr((m, n, k, split_k, mode, item)).encode())
     return h.hexdigest()
+
+
+# --- per-shape decisions -------------------------------------------------------------------------
+#
+# A sweep decides one threshold and one box per op, and also one decision per measured shape: the
+# setting ``<op>.measured`` (declared by the op table, a str so that every layer, stamp, staleness
+# check, ``explain`` and the cross-rank agreement treat it as any other setting) holds them as
+# ``MxNxK=PATH:KERNEL_US/FALLBACK_US`` entries separated by "; " (``1x4096x7168=kernel:3.1/7.2``;
+# ``-`` for a kernel that could not run the shape). Dispatch takes the measured path at those
+# shapes and the box rule elsewhere (``hwprofile.ops._dispatch.route``).
+
+MEASURED_FORMAT = "MxNxK=kernel|fallback:KERNEL_US/FALLBACK_US entries separated by '; ' (e.g. 1x4096x7168=kernel:3.1/7.2)"
+
+
+class Measured(NamedTuple):
+    """One measured shape: the path the sweep chose and both times (µs per call; ``None``: the kernel could not run it)."""
+
+    kernel: bool  #: True: the kernel is taken at this shape
+    kernel_us: float | None
+    fallback_us: float
+
+
+def shape_text(shape: Shape) -> str:
+    """``(1, 4096, 7168)`` -> ``"1x4096x7168"``."""
+    return "x".join(map(str, shape))
+
+
+def _shape(text: str) -> Shape:
+    parts = text.strip().lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"shape {text!r} is not MxNxK")
+    m, n, k = (int(p) for p in parts)
+    return m, n, k
+
+
+def measured_key(op: str) -> str:
+    """The setting that holds ``op``'s per-shape decisions."""
+    return f"{op}.measured"
+
+
+_parsed: dict[tuple[str, str], Mapping[Shape, Measured]] = {}  # parse_measured per (op, text); only valid texts
+
+
+def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured]:
+    """The per-shape decisions of ``op`` in ``text`` (the ``<op>.measured`` format), checked against the op table.
+
+    Refused, naming ``where``, the entry and what to do: an entry not in the format, a repeated
+    shape, a time that is not a positive number, a kernel decision without a kernel time, and a
+    shape the op's kernels cannot take by the op table (M above the kernel's largest M, K not a
+    multiple of its 16-byte loads). The plugin's own limits are checked by :func:`untakeable`.
+    Valid texts are remembered (dispatch tables are rebuilt per profile; the text rarely changes).
+    """
+    found = _parsed.get((op, text))
+    if found is not None:
+        return found
+    key = measured_key(op)
+    out: dict[Shape, Measured] = {}
+    for i, entry in enumerate(e for e in text.replace(";", " ").split() if e):
+        def bad(why: str, entry: str = entry, i: int = i) -> SettingError:
+            return SettingError(
+                f"{where}: {key} entry {i + 1} {entry!r} {why}; write {MEASURED_FORMAT}, or regenerate it with "
+                f"'hwprofile sweep {op}'. The entry is not applied"
+            )
+
+        shape_s, eq, rest = entry.partition("=")
+        path, colon, times = rest.partition(":")
+        kernel_s, slash, fallback_s = times.partition("/")
+        if not (eq and colon and slash):
+            raise bad("is not in the format")
+        try:
+            shape = _shape(shape_s)
+        except ValueError:
+            raise bad(f"has shape {shape_s!r}, not MxNxK with integer M, N, K") from None
+        if path not in ("kernel", "fallback"):
+            raise bad(f"names path {path!r}, not 'kernel' or 'fallback'")
+        try:
+            fallback_us = float(fallback_s)
+            kernel_us = None if kernel_s == "-" else float(kernel_s)
+        except ValueError:
+            raise bad(f"has times {times!r}, not KERNEL_US/FALLBACK_US in microseconds ('-' for no kernel time)") from None
+        if not all(math.isfinite(t) and t > 0 for t in (fallback_us, kernel_us if kernel_us is not None else 1.0)):
+            raise bad(f"has times {times!r}: each must be a positive number of microseconds")
+        if path == "kernel" and kernel_us is None:
+            raise bad("takes the kernel but records no kernel time (the kernel did not run there)")
+        if min(shape) < 1:
+            raise bad("has an empty dimension (M, N and K must be >= 1)")
+        if shape in out:
+            raise bad(f"repeats shape {shape_text(shape)}")
+        if path == "kernel":
+            why = beyond_limits(op, shape)
+            if why:
+                raise bad(f"routes it to the {op} kernel, which {why}: a shape the kernel cannot take")
+        out[shape] = Measured(path == "kernel", kernel_us, fallback_us)
+    found = _parsed[(op, text)] = MappingProxyType(out)
+    return found
+
+
+def uncovered(table: Mapping[Shape, Measured], stamp: Stamp) -> list[Shape]:
+    """The shapes of ``table`` that ``stamp``'s plan digest does not cover (neither its op's grid nor
+    ``stamp.shapes``): a plan change there would go unseen. None when the stamp records no plan
+    (then the plan is "cannot tell" for every shape)."""
+    if not stamp.plan or stamp.op not in OPS:
+        return []
+    covered = set(OPS[stamp.op].grid) | set(stamp.shapes)
+    return sorted(s for s in table if s not in covered)
+
+
+def beyond_limits(op: str, shape: Shape) -> str:
+    """Why the op table says ``op``'s kernels cannot take ``shape`` (``""``: they can), in words."""
+    d = OPS[op]
+    m, n, k = shape
+    max_m = d.max_m if isinstance(d.max_m, int) else _setting_max(d, d.max_m)
+    if m > max_m:
+        return f"takes M <= {max_m}"
+    if k % d.k_vec:
+        return f"needs K % {d.k_vec} == 0 (16-byte loads)"
+    for what, v, lo, hi in _limits(d, n, k):
+        if not lo <= v <= hi:
+            return f"takes {what} in [{lo}, {hi}]"
+    return ""
+
+
+def _limits(d: Any, n: int, k: int) -> list[tuple[str, int, int, int]]:
+    """(dimension, value, lo, hi) for the kernel limits the op table declares: a box op's N and K
+    bounds default to what its kernels take (``optable._gemv_settings``); a max_tokens op's bound
+    defaults are a measured region, not limits, so only its plugin's plan (:func:`untakeable`) says."""
+    if d.threshold != "box":
+        return []
+    default = {s[0]: s[2] for s in d.settings}
+    out = []
+    for what, v, lo, hi in (("N", n, d.min_n, d.max_n), ("K", k, d.min_k, d.max_k)):
+        lo_v = lo if isinstance(lo, int) else int(default[lo])
+        hi_v = hi if isinstance(hi, int) else int(default[hi])
+        out.append((what, v, lo_v, hi_v))
+    return out
+
+
+def _setting_max(d: Any, key: str) -> int:
+    """The declared maximum of the op's int setting ``key`` (the router's 16 for ``router_gemm.max_tokens``)."""
+    hi = next(s[6] for s in d.settings if s[0] == key)
+    return int(hi) if hi is not None else 1 << 30
+
+
+def format_measured(table: Mapping[Shape, Measured]) -> str:
+    """The ``<op>.measured`` text of ``table``, sorted by shape (what a sweep writes)."""
+    def us(t: float | None) -> str:
+        return "-" if t is None else f"{t:.3f}".rstrip("0").rstrip(".")
+
+    return "; ".join(
+        f"{shape_text(s)}={'kernel' if d.kernel else 'fallback'}:{us(d.kernel_us)}/{us(d.fallback_us)}" for s, d in sorted(table.items())
+    )
+
+
+def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shape, str]:
+    """The kernel decisions of ``table`` that ``spec`` (the selected plugin's kernel) cannot plan, with the planner's words.
+
+    Each is tried with and without split-K and in every scale mode: a decision that sends a shape
+    to a kernel that refuses it would fail at the first call (or run a wrong launch).
+    """
+    d = OPS[op]
+    bad: dict[Shape, str] = {}
+    for (m, n, k), dec in sorted(table.items()):
+        if not dec.kernel:
+            continue
+        for split_k in (False, True):
+            for mode in d.scale_modes:
+                try:
+                    spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if d.scaled else {}))
+                except RecursionError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a refusal is what is being asked about
+                    bad[(m, n, k)] = f"{type(exc).__name__}: {exc}"
+                    break
+            else:
+                continue
+            break
+    return bad
+
+
+@_state.on_reset
+def _forget_parsed() -> None:
+    _parsed.clear()
 
 
 # --- comparing a stamp with what runs now --------------------------------------------------------
@@ -367,26 +567,29 @@ class Staleness:
 
     def __init__(self, info: DeviceInfo, selection: Selection, kernels: Mapping[str, Any]) -> None:
         self.info, self.selection, self.kernels = info, selection, kernels
-        self._now: dict[str, Stamp] = {}
+        self._now: dict[tuple[str, bool, tuple[Shape, ...]], Stamp] = {}
         self.stale_shipped: list[tuple[str, Stamp, tuple[str, ...]]] = []
         #: The warning for each stale tuned file, in the order the files were read.
         self.stale_files: list[str] = []
 
-    def now(self, op: str, *, plan: bool = False) -> Stamp:
-        """What a sweep would stamp now; the plan digest only when asked (it evaluates the plan over the grid)."""
-        key = f"{op}+plan" if plan else op
+    def now(self, op: str, *, plan: bool = False, shapes: tuple[Shape, ...] = ()) -> Stamp:
+        """What a sweep would stamp now; the plan digest only when asked (it evaluates the plan over the
+        grid and ``shapes``, the stamp's per-shape table's shapes)."""
+        key = (op, plan, shapes)
         if key not in self._now:
             p = self.selection.plugin
             spec = self.kernels.get(op)
             digest = spec.source_digest() if spec is not None else ""
-            planned = plan_digest(op, spec) if plan and spec is not None else ""
-            self._now[key] = current(op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned)
+            planned = plan_digest(op, spec, shapes) if plan and spec is not None else ""
+            self._now[key] = current(
+                op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned, shapes=shapes
+            )
         return self._now[key]
 
     def compare(self, stamp: Stamp) -> Comparison:
         if stamp.op not in OPS:
             return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
-        return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan)), real_gpu=not self.info.simulated)
+        return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan), shapes=stamp.shapes), real_gpu=not self.info.simulated)
 
     def shipped(self, key: str, stamp: Any, *, who: str = "a plugin") -> str:
         """A plugin's measured threshold: a stale one is recorded (reported by :meth:`report`) and still used.
@@ -565,6 +768,20 @@ def read_tuned(p: Path) -> tuple[Stamp, dict[str, Any]]:
         if why:
             fix = _retune(str(key), stamp.op)
             raise SettingError(f"{where}: [thresholds] sets {key}, which its [stamp] cannot vouch for: {why}. {fix}")
+    mkey = measured_key(stamp.op)
+    if mkey in thresholds:
+        text = thresholds[mkey]
+        if not isinstance(text, str):
+            raise SettingError(
+                f"{where}: [thresholds] {mkey} must be a string of {MEASURED_FORMAT}; regenerate it with 'hwprofile sweep {stamp.op}'"
+            )
+        loose = [shape_text(s) for s in uncovered(parse_measured(stamp.op, text, where=where), stamp)]
+        if loose:
+            raise SettingError(
+                f"{where}: [thresholds] {mkey} decides shape(s) {', '.join(loose[:4])}{' ...' if len(loose) > 4 else ''} that the "
+                f"[stamp]'s launch plan (stamp.shapes) does not cover; regenerate the file with 'hwprofile sweep {stamp.op}'. "
+                "Nothing of the file is applied"
+            )
     return stamp, thresholds
 
 
@@ -574,6 +791,16 @@ def add_tuned_layers(resolver: SettingsResolver, info: DeviceInfo, staleness: St
         stamp, thresholds = read_tuned(p)
         where = f"tuned file {p}"
         what = staleness.tuned_file(where, stamp)
+        mkey, spec = measured_key(stamp.op), staleness.kernels.get(stamp.op)
+        if not what and spec is not None and isinstance(thresholds.get(mkey), str):
+            refused = untakeable(stamp.op, parse_measured(stamp.op, thresholds[mkey], where=where), spec)
+            if refused:
+                raise SettingError(
+                    f"{where}: [thresholds] {mkey} sends shape(s) to the {stamp.op} kernel that it cannot take here: "
+                    f"{'; '.join(f'{shape_text(s)} ({why})' for s, why in list(refused.items())[:3])}"
+                    f"{' ...' if len(refused) > 3 else ''}. Regenerate the file with "
+                    f"'hwprofile sweep {stamp.op}' on this plugin, or remove the entries. Nothing of the file is applied"
+                )
 
         def check(key: str, st: Any, what: str = what) -> str:
             return what

@@ -1,9 +1,11 @@
 """Dispatch: the routing function, per-device tables, route memos, the eager front. Never imports torch at import.
 
 :func:`route` is the only place that decides kernel or fallback. Its inputs are read once per
-device into a :class:`_Route` per op (thresholds and bounds from the profile, availability of the
-kernel, deterministic mode), so a decision is a few integer comparisons; the ops remember its answer
-per (device, M, N, K) in their entry's memo, and :func:`decide` turns it into words.
+device into a :class:`_Route` per op (thresholds and bounds from the profile, the per-shape
+decisions of ``<op>.measured`` parsed into a dict, availability of the kernel, deterministic
+mode), so a decision is one dict lookup and a few integer comparisons; the ops remember its answer
+per (device, M, N, K) in their entry's memo, and :func:`decide` turns it into words (saying whether
+a measurement at that shape or the box rule decided).
 
 :func:`call` is every public op's eager entry. The common call (2-D operands of the contract dtypes
 on one device, no ``out``) is checked and routed inline, with a few tensor attribute reads and one
@@ -22,12 +24,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
-from .. import _env, _state
+from .. import _env, _state, tuning
 from .. import profiles as _profile_mod
-from ..errors import HwprofileError
+from ..errors import HwprofileError, SettingError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
 from ..profiles import Profile, profile
 from . import _kernel
@@ -47,15 +49,19 @@ _cpu_index: int = -1
 class Decision:
     """Which path an op takes for a shape, and why (what :func:`decide` returns: for tests, logs and engines)."""
 
-    __slots__ = ("gate", "op", "path", "reason")
+    __slots__ = ("basis", "gate", "op", "path", "reason")
 
     op: str
     path: Path  #: "kernel" | "fallback"
     reason: str  #: in words, naming the setting or bound that decided
     gate: str | None  #: the gate that sent the call to the fallback (None: kernel); see :func:`route`
+    #: what decided: "measured" (a sweep measured this very shape: ``<op>.measured``), "rule" (the
+    #: box/threshold rule: bounds of the measured region), or "fixed" (no choice: empty problem,
+    #: deterministic mode, no kernel, a failed kernel, an operand layout)
+    basis: str
 
-    def __init__(self, op: str, path: Path, reason: str, gate: str | None = None) -> None:
-        self.op, self.path, self.reason, self.gate = op, path, reason, gate
+    def __init__(self, op: str, path: Path, reason: str, gate: str | None = None, basis: str = "rule") -> None:
+        self.op, self.path, self.reason, self.gate, self.basis = op, path, reason, gate, basis
 
     def __repr__(self) -> str:
         return f"Decision({self.op!r}, {self.path!r}, {self.reason!r})"
@@ -76,6 +82,8 @@ class _Route:
         "max_k",
         "max_m",
         "max_n",
+        "measured",
+        "measured_from",
         "min_k",
         "min_n",
         "n_multiple",
@@ -87,11 +95,17 @@ class _Route:
         "who",
     )
 
-    def __init__(self, op: OpDef, prof: Profile) -> None:
+    def __init__(self, op: OpDef, prof: Profile, overrides: Mapping[str, Any] | None = None) -> None:
+        """``overrides`` (setting key -> value) stand above the profile's values: what a sweep's
+        tuned result would decide before it is written (``hwprofile.sweep.report``)."""
         settings: Any = prof  # Profile[key] is the setting's value, typed Any (bounds are read as int below)
+        over = overrides or {}
+
+        def get(key: str) -> Any:
+            return over[key] if key in over else settings[key]
 
         def val(b: int | str) -> int:
-            return b if isinstance(b, int) else int(settings[b])
+            return b if isinstance(b, int) else int(get(b))
 
         self.op = op
         self.who = prof.plugin.name if prof.plugin else "no architecture plugin"
@@ -105,6 +119,21 @@ class _Route:
         self.min_k, self.max_k = val(op.min_k), val(op.max_k)
         self.k_multiple = math.lcm(val(op.k_multiple), op.k_vec)  # the kernels' 16-byte loads need k_vec too
         self.roof_lo, self.roof_hi = (val(op.roof[0]), val(op.roof[1])) if op.roof else (0, 0)
+        key = tuning.measured_key(op.name)
+        text = get(key) if key in over or key in prof else ""
+        self.measured_from = "the sweep result being reported" if key in over else (prof.explain(key).winner.source if text else "")
+        #: per-shape decisions (``<op>.measured``): (M, N, K) -> tuning.Measured; route() consults it first
+        self.measured = tuning.parse_measured(op.name, text, where=self.measured_from) if text else {}
+        stamp = None if key in over or not text else prof.explain(key).winner.stamp
+        loose = tuning.uncovered(self.measured, stamp) if isinstance(stamp, tuning.Stamp) else []
+        if loose:
+            raise SettingError(
+                f"{self.measured_from}: {key} decides shape(s) {', '.join(map(tuning.shape_text, loose[:4]))}"
+                f"{' ...' if len(loose) > 4 else ''} that its stamp's launch plan (stamp.shapes) does not cover; ship the file "
+                f"'hwprofile sweep {op.name}' wrote (its [stamp] lists them) or remove those entries; nothing is routed by them"
+            )
+        if self.measured and self.off is None:
+            self._check_takeable(prof.kernels[op.name])
         self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
         # the "plan" gate: why the kernel's planner cannot plan a shape (None: it can); see _kernel.unplannable
         split = bool(prof["gemv.split_k"])
@@ -112,22 +141,56 @@ class _Route:
             lambda m, n, k: _kernel.unplannable(prof, op.name, m, n, k, split)
         )
 
+    def _check_takeable(self, spec: Any) -> None:
+        """Refuse a measured kernel decision for a shape this kernel cannot take (its multiples, its plan)."""
+        op = self.op
+        bad = untakeable(self, self.measured, spec)
+        if bad:
+            listed = "; ".join(f"{tuning.shape_text(s)} ({why})" for s, why in list(bad.items())[:3])
+            raise SettingError(
+                f"{self.measured_from}: {op.name}.measured sends shape(s) to the {op.name} kernel of {self.who} that it cannot "
+                f"take: {listed}{' ...' if len(bad) > 3 else ''}. Re-measure with 'hwprofile sweep {op.name}' on "
+                "this plugin, or remove those entries; nothing is routed by them"
+            )
+
+
+def untakeable(r: _Route, table: Mapping[tuple[int, int, int], tuning.Measured], spec: Any) -> dict[tuple[int, int, int], str]:
+    """The kernel decisions of ``table`` that dispatch cannot send to ``spec``'s kernel on ``r``'s device, with why:
+    the N and K multiples ``r`` resolved, then the plugin's own plan (:func:`hwprofile.tuning.untakeable`)."""
+    bad = {
+        s: f"N % {r.n_multiple} or K % {r.k_multiple} is not 0"
+        for s, d in sorted(table.items())
+        if d.kernel and (s[1] % r.n_multiple or s[2] % r.k_multiple)
+    }
+    for s, why in tuning.untakeable(r.op.name, table, spec).items():
+        bad.setdefault(s, why)
+    return dict(sorted(bad.items()))
+
 
 def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = None) -> str | None:
     """The routing function: ``None`` (take the kernel) or the name of the first gate that says no.
 
     Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
     ``no_kernel``, ``failed`` (the kernel did not build, load or launch here, or failed its
-    self-test), ``m``, ``n``, ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback
-    is near the bandwidth roof), ``plan`` (the kernel's planner cannot plan the shape, or plans past
-    the target's limits: a gate that refuses, so no planner error reaches the op), ``layout`` (an
-    operand is not contiguous or not 16-byte aligned; checked only when ``operands`` are given).
-    Bounds are those of the measured region: outside it, the fallback.
+    self-test); then, at a shape the sweep measured (``<op>.measured``), its decision:
+    ``measured`` (the fallback was faster) or the kernel; elsewhere the box rule: ``m``, ``n``,
+    ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback is near the bandwidth
+    roof). Then ``plan`` (the kernel's planner cannot plan the shape, or plans past the target's
+    limits: a gate that refuses, so no planner error reaches the op), last ``layout`` (an operand
+    is not contiguous or not 16-byte aligned; checked only when ``operands`` are given). Bounds are
+    those of the measured region: outside it, the fallback. The ops memoise the answer per shape,
+    so the per-shape lookup costs nothing on the hot path.
     """
     if not (m and n and k):
         return "empty"
     if r.off is not None:
         return r.off
+    if r.measured:
+        d = r.measured.get((m, n, k))
+        if d is not None:
+            if not d.kernel:
+                return "measured"
+            return "layout" if operands is not None and _misplaced(operands) else None
     if m > r.max_m:
         return "m"
     if n < r.min_n or n > r.max_n:
@@ -160,8 +223,13 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
         return f"{b}" if isinstance(b, str) else f"the {op.name} kernel's {what}"
 
     region = f"M <= {r.max_m}, N in [{r.min_n}, {r.max_n}], K in [{r.min_k}, {r.max_k}]"
+    d = r.measured.get((m, n, k)) if gate in (None, "measured", "layout") else None
+    if d is not None and gate != "layout":
+        us = "could not run" if d.kernel_us is None else f"{d.kernel_us:g} µs"
+        times = f"kernel {us} vs fallback {d.fallback_us:g} µs" if d.kernel else f"fallback {d.fallback_us:g} µs vs kernel {us}"
+        return f"measured at this shape (M={m}, N={n}, K={k}): {times} ({op.name}.measured from {r.measured_from})"
     if gate is None:
-        return f"M={m}, N={n}, K={k} inside the measured region of the {op.name} kernel ({region})"
+        return f"box rule: M={m}, N={n}, K={k} inside the measured region of the {op.name} kernel ({region})"
     if gate == "empty":
         return f"empty problem (M={m}, N={n}, K={k}): nothing to launch; the result is {'zeros' if m and n else 'empty'}"
     if gate == "deterministic":
@@ -176,19 +244,22 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
         )
     if gate == "m":
         if isinstance(op.max_m, int):
-            return f"M={m}: the {op.name} kernel takes M <= {r.max_m} only"
-        return f"M={m} > {op.max_m}={r.max_m}"
+            return f"box rule: M={m}: the {op.name} kernel takes M <= {r.max_m} only"
+        return f"box rule: M={m} > {op.max_m}={r.max_m}"
     if gate == "n":
-        return f"N={n} outside [{r.min_n}, {r.max_n}] ({name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}): not measured"
+        bounds = f"{name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}"
+        return f"box rule: N={n} outside [{r.min_n}, {r.max_n}] ({bounds}): not measured"
     if gate == "n_multiple":
-        return f"N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
+        return f"box rule: N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
     if gate == "k":
-        return f"K={k} outside [{r.min_k}, {r.max_k}] ({name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}): not measured"
+        bounds = f"{name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}"
+        return f"box rule: K={k} outside [{r.min_k}, {r.max_k}] ({bounds}): not measured"
     if gate == "k_multiple":
-        return f"K={k} is not a multiple of {r.k_multiple} ({name(op.k_multiple, 'K multiple')}, and 16-byte loads need {op.k_vec})"
+        what = name(op.k_multiple, "K multiple")
+        return f"box rule: K={k} is not a multiple of {r.k_multiple} ({what}, and 16-byte loads need {op.k_vec})"
     if gate == "roof":
         lo, hi = op.roof or ("", "")
-        return f"N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
+        return f"box rule: N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
     if gate == "plan":
         return f"the {op.name} kernel cannot take M={m}, N={n}, K={k} here: {r.plan_problem(m, n, k)}"
     if gate == "layout":
@@ -339,7 +410,18 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
     if r is None:
         raise KeyError(f"no op {op!r}; known ops: {', '.join(OPS)}")
     gate = route(r, m, n, k)
-    return Decision(op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate)
+    return Decision(op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate, basis(r, gate, m, n, k))
+
+
+#: the gates of the box/threshold rule (the others leave no choice; ``measured`` is a measurement's)
+_RULE_GATES: Final = frozenset({"m", "n", "n_multiple", "k", "k_multiple", "roof"})
+
+
+def basis(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
+    """What decided :func:`route`'s answer ``gate``: "measured", "rule" or "fixed" (:attr:`Decision.basis`)."""
+    if gate in (None, "measured") and (m, n, k) in r.measured:
+        return "measured"
+    return "rule" if gate is None or gate in _RULE_GATES else "fixed"
 
 
 # --- the eager path --------------------------------------------------------------------------------
