@@ -112,7 +112,9 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
         (57344, 7168, "fallback"),
         (152064, 5120, "fallback"),
         (2048, 3584, "kernel"),
-        (2048, 3000, "fallback"),
+        (2048, 3000, "kernel"),  # K % 8: the kernel's 16-byte loads
+        (2048, 2880, "kernel"),
+        (2048, 3004, "fallback"),
         (2048, 256, "fallback"),
         (2050, 4096, "fallback"),
         (64, 512, "kernel"),
@@ -150,8 +152,9 @@ def test_sm120_predicate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "rtx-pro-6000")
     hwprofile.reset()
     p = hwprofile.profile(0)
-    assert ops.decide("gemv", p, m=1, n=4096, k=17408).path == "kernel"
-    assert ops.decide("gemv", p, m=1, n=4096, k=17920).path == "fallback"
+    top = p["gemv.max_k"]
+    assert ops.decide("gemv", p, m=1, n=4096, k=top).path == "kernel"
+    assert ops.decide("gemv", p, m=1, n=4096, k=top + 8).path == "fallback"
     assert ops.decide("fp8_gemv", p, m=1, n=28672, k=4096).path == "kernel"
 
 

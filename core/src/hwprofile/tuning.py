@@ -188,14 +188,17 @@ def _forget_plans() -> None:
 
 
 def plan_digest(op: str, spec: Any) -> str:
-    """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, every split-K choice and scale mode.
+    """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, every split-K choice and scale mode,
+    and of what it plans with where its ``configure`` says (``plan_basis``: the device's SM count and shared memory).
 
     What a stamp records beside the kernel source: the same source launched with other tiles, grid
     or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
     Memoised per spec until ``hwprofile.reset()`` (a plan is a pure function of the shape).
     """
+    # configure's repr names what it plans with (a partial over the plugin's ArchTuning: the device's
+    # SM count and shared memory), so two devices of one plugin never share a memoised digest
     key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
-           tuple(getattr(spec, "instances", ())))
+           tuple(getattr(spec, "instances", ())), repr(getattr(spec, "configure", None)))
     found = _plans.get(key)
     if found is None:
         found = _plans[key] = _plan_digest(op, spec)
@@ -207,6 +210,9 @@ def _plan_digest(op: str, spec: Any) -> str:
 
     d = OPS[op]
     h = hashlib.sha256()
+    basis = getattr(spec.configure, "plan_basis", None)  # what the plan was computed for (hwprofile.plugin.Planner)
+    if basis:
+        h.update(repr(("basis", str(basis))).encode())
     for m, n, k in d.grid:
         for split_k in (True, False):
             for mode in d.scale_modes:

@@ -217,6 +217,12 @@ __device__ __forceinline__ void skinny_gemm(TOut* __restrict__ out, const __nv_b
 // pattern HBM streams best). x's K slice is staged in shared memory once per block; the first
 // batch of weight loads is issued before that staging, and each later batch is issued before the
 // previous one is consumed (register double buffer), so the weight stream never waits on x.
+// XCHUNK = 0 stages the whole slice (M * slice * 2 bytes). XCHUNK > 0 (weight vectors, a multiple
+// of the batch 32 * U) streams x through a buffer of that many vectors per token: a long K (a
+// 32768-wide down projection is 64 KB of x) would otherwise take so much shared memory per block
+// that few blocks fit on an SM and too few weight loads are in flight. A batch never straddles two
+// chunks; at a chunk boundary the block restages after the next batch's weight loads are issued,
+// so the weight stream keeps flowing through the two __syncthreads.
 // ---------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float2 bf2_to_f2(unsigned v) {
@@ -255,12 +261,13 @@ __device__ __forceinline__ float dot_vec(const uint4& wv, const uint4* xs, float
   return a;
 }
 
-template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
+template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int XCHUNK = 0>
 __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x,
                                           const void* __restrict__ w, const float* __restrict__ scale,
                                           int N, int K, uint4* xs) {
   constexpr int VEC = FP8 ? 16 : 8;   // weight elements per 16-byte vector
   constexpr int XV = FP8 ? 2 : 1;     // 16-byte x vectors per weight vector
+  static_assert(XCHUNK >= 0 && XCHUNK % (32 * U) == 0, "an x chunk holds whole batches of 32 * U weight vectors");
   __shared__ float red[KSPLIT > 1 ? WARPS * ROWS * M : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kvec = K / VEC;
@@ -285,9 +292,25 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
       cur[u][r] = ok ? t : zero;
     }
 
-  for (int i = threadIdx.x; i < M * nv * XV; i += WARPS * 32) {  // stage x[:, slice] while weights fly
-    const int m = i / (nv * XV), j = i - m * (nv * XV);
-    xs[i] = load_reused(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + v0 * XV + j);
+  // x vectors per token row the buffer holds (the stride between token rows in xs), and the first
+  // weight vector of the chunk it holds now (block-uniform)
+  constexpr bool CHUNKED = XCHUNK > 0;
+  const int xcap = CHUNKED ? XCHUNK : nv;
+  int cb = 0;
+  auto stage = [&](int base) {  // x[:, slice][base, base + xcap) -> xs; a chunk past the slice's end is short
+    const int len = min(xcap, nv - base) * XV;
+    for (int i = threadIdx.x; i < M * len; i += WARPS * 32) {
+      const int m = M == 1 ? 0 : i / len, j = i - m * len;
+      xs[m * xcap * XV + j] = load_reused(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + (v0 + base) * XV + j);
+    }
+  };
+  if constexpr (CHUNKED) {
+    stage(0);  // while the first weights fly
+  } else {
+    for (int i = threadIdx.x; i < M * nv * XV; i += WARPS * 32) {  // stage x[:, slice] while weights fly
+      const int m = i / (nv * XV), j = i - m * (nv * XV);
+      xs[i] = load_reused(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + v0 * XV + j);
+    }
   }
   __syncthreads();
 
@@ -310,13 +333,24 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
           nxt[u][r] = ok ? t : zero;
         }
     }
+    if constexpr (CHUNKED) {
+      if (v - lane >= cb + XCHUNK) {  // `cur` starts the next chunk (block-uniform: every warp walks the same v)
+        cb += XCHUNK;
+        __syncthreads();  // every warp is done with the previous chunk
+        stage(cb);
+        __syncthreads();
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (v + 32 * u < nv) {
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) acc[r][m] = dot_vec<FP8>(cur[u][r], xs + (m * nv + v + 32 * u) * XV, acc[r][m]);
+          for (int r = 0; r < ROWS; ++r) {
+            const uint4* xv = CHUNKED ? xs + (m * xcap + v - cb + 32 * u) * XV : xs + (m * nv + v + 32 * u) * XV;
+            acc[r][m] = dot_vec<FP8>(cur[u][r], xv, acc[r][m]);
+          }
       }
     }
     if (!more) break;
