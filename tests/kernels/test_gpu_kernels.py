@@ -164,3 +164,12 @@ def test_linear_bf16_fp32_long_k(table: ops._dispatch._Table, n: int, k: int) ->
         x = torch.randn(m, k, device="cuda").bfloat16()
         out = run(table, "linear_bf16_fp32", x, w, None, torch.float32, split=True)
         assert rel(out, x.double() @ w.double().t()) < 1e-5, f"M={m}"
+
+
+def test_plans_use_this_gpus_own_attributes(table: ops._dispatch._Table) -> None:
+    """The plans' SM count and shared memory are the driver's for this GPU (not the reference card's)."""
+    attrs = table.prof.device.attributes()
+    assert not table.prof.device.simulated and attrs.sm_count and attrs.max_shared_memory_per_block_optin
+    basis = table.prof.kernels["gemv"].configure.plan_basis
+    assert f"sm_count={attrs.sm_count}," in basis
+    assert f"max_shared_bytes={min(attrs.max_shared_memory_per_block_optin, 227 * 1024)}," in basis

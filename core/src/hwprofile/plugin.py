@@ -33,11 +33,14 @@ Op facts, read from hwprofile's op table (``hwprofile.optable``, the one place t
 The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwprofile.kernels.skinny_gemm``):
 
 * ``ArchTuning``: one SM's planning constants (SM count, shared memory, cluster size, entry-point prefix).
-* ``Planner(fn, tuning)``: a ``configure`` that carries its ``ArchTuning`` into the plan digest stamps record.
+* ``Planner(fn, tuning, device=None)``: a ``configure`` calling ``fn(tuning, **shape)`` with the device's
+  tuning (a real GPU's read from the driver on the first plan, not while a profile resolves), which it
+  carries into the plan digest stamps record.
 * ``tuning_for_device(tuning, device)``: ``tuning`` with the device's own SM count and shared memory
-  (the driver's on a real GPU, the catalog's on a simulated one): what ``hwprofile_kernels`` plans with.
-* ``kernel_specs(package, source, tuning)``: the family's op kernels for one SM (every op of
-  ``PREBUILT_SHAPES``), ready to return from ``hwprofile_kernels``.
+  (the driver's on a real GPU, the catalog's on a simulated one).
+* ``kernel_specs(package, source, tuning, device=None)``: the family's op kernels for one SM (every op of
+  ``PREBUILT_SHAPES``), planned for ``device``'s own SM count and shared memory, ready to return from
+  ``hwprofile_kernels``.
 * ``plan_skinny_gemm(tuning, m=, n=, k=, fp8=, out=, scale=, split_k=)``: the family's launch for one
   call, for a plugin that routes some shapes to the family and others to kernels of its own.
 * ``check_kernel_shape(m=, n=, k=, vec=, max_m=, what=)``: the ``ValueError`` (naming the limit) a

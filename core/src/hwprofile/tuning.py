@@ -195,10 +195,12 @@ def plan_digest(op: str, spec: Any) -> str:
     or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
     Memoised per spec until ``hwprofile.reset()`` (a plan is a pure function of the shape).
     """
-    # configure's repr names what it plans with (a partial over the plugin's ArchTuning: the device's
-    # SM count and shared memory), so two devices of one plugin never share a memoised digest
+    # what configure plans with (hwprofile.plugin.Planner's plan_basis: the device's SM count and shared
+    # memory; else the callable itself), so two devices of one plugin never share a memoised digest
+    configure = getattr(spec, "configure", None)
+    basis = getattr(configure, "plan_basis", None) or repr(configure)
     key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
-           tuple(getattr(spec, "instances", ())), repr(getattr(spec, "configure", None)))
+           tuple(getattr(spec, "instances", ())), basis)
     found = _plans.get(key)
     if found is None:
         found = _plans[key] = _plan_digest(op, spec)

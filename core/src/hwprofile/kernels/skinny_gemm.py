@@ -134,24 +134,48 @@ def for_device(t: ArchTuning, device: _HasAttributes) -> ArchTuning:
 
 
 class Planner:
-    """A :class:`~hwprofile.kernels.KernelSpec`'s ``configure`` with what it plans with attached.
+    """A :class:`~hwprofile.kernels.KernelSpec`'s ``configure``: ``fn(tuning, **shape)`` planned for a device.
 
-    ``plan_basis`` (the :class:`ArchTuning`'s repr: SM count, shared memory, tiles) goes into the plan
-    digest a stamp records (:func:`hwprofile.tuning.plan_digest`), so a sweep on a 152-SM GB300 is
-    not taken for one on a 148-SM B300 even where the sweep grid's launches happen to coincide.
+    With ``device``, the tuning is :func:`for_device`'s: the device's own SM count and shared memory.
+    A real GPU's are read from the driver on the first plan (a launch, a plan digest), never while a
+    profile resolves: reading them initialises the CUDA driver, which the first ``profile()`` must not
+    pay for. ``plan_basis`` (the tuning's repr) goes into the plan digest a stamp records
+    (:func:`hwprofile.tuning.plan_digest`), so a sweep on a 152-SM GB300 is not taken for one on a
+    148-SM B300 even where the sweep grid's launches coincide.
     """
 
-    __slots__ = ("_fn", "plan_basis")
+    __slots__ = ("_device", "_fn", "_reference", "_tuning")
 
-    def __init__(self, fn: Callable[..., Launch], basis: ArchTuning) -> None:
+    def __init__(self, fn: Callable[..., Launch], tuning: ArchTuning, device: _HasAttributes | None = None) -> None:
         self._fn = fn
-        self.plan_basis = repr(basis)
+        self._reference = tuning
+        self._device = device
+        # a simulated device's attributes are its catalog entry's: free to read now
+        eager = device is None or getattr(device, "catalog_attributes", None) is not None
+        self._tuning: ArchTuning | None = (tuning if device is None else for_device(tuning, device)) if eager else None
+
+    @property
+    def tuning(self) -> ArchTuning:
+        """What the plans are computed for (resolved from the device on first use)."""
+        if self._tuning is None:
+            assert self._device is not None
+            self._tuning = for_device(self._reference, self._device)
+        return self._tuning
+
+    @property
+    def plan_basis(self) -> str:
+        return repr(self.tuning)
+
+    def prebuild(self) -> Planner:
+        """The planner whose plans name the pre-built instances: this one where its tuning is known
+        without the driver, else the reference card's (a real GPU's other instances compile on first use)."""
+        return self if self._tuning is not None else Planner(self._fn, self._reference)
 
     def __call__(self, **shape: Any) -> Launch:
-        return self._fn(**shape)
+        return self._fn(self.tuning, **shape)
 
     def __repr__(self) -> str:
-        return f"Planner({self.plan_basis})"
+        return f"Planner({self._tuning!r})" if self._tuning is not None else f"Planner(unresolved, device {id(self._device):#x})"
 
 
 def check_shape(*, m: int, n: int, k: int, vec: int, max_m: int, what: str) -> None:
@@ -269,21 +293,24 @@ def prebuilt_instances(op: str, configure: Callable[..., Launch], shapes: tuple[
     return tuple(sorted(exprs))
 
 
-def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] | None = None) -> list[KernelSpec]:
+def kernel_specs(
+    package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] | None = None, device: _HasAttributes | None = None
+) -> list[KernelSpec]:
     """The op kernels of the skinny-GEMM family for one SM (``ops``, default every op of :data:`PREBUILT_SHAPES`).
 
-    ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call; the pre-built
-    instances are :func:`prebuilt_instances` of it.
+    ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call, planned for
+    ``device``'s SM count and shared memory when one is given (:class:`Planner`), for ``t`` as it
+    is otherwise; the pre-built instances are :func:`prebuilt_instances` of it.
     """
     specs = []
     for op in tuple(PREBUILT_SHAPES) if ops is None else ops:
         d = optable.get(op)  # dtypes and scale modes: declared once, in the op table
         if op not in PREBUILT_SHAPES:
             raise ValueError(f"the skinny-GEMM family has no kernel for op {op!r}; it computes {', '.join(PREBUILT_SHAPES)}")
-        configure = Planner(partial(_configure, t, d.scaled, d.kernel_out), t)
-        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure), configure, doc=_doc(d)))
+        configure = Planner(partial(_configure, fp8=d.scaled, out=d.kernel_out), t, device)
+        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure.prebuild()), configure, doc=_doc(d)))
     return specs
 
 
-def _configure(t: ArchTuning, fp8: bool, out: str, *, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE) -> Launch:
+def _configure(t: ArchTuning, *, fp8: bool, out: str, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE) -> Launch:
     return plan(t, m=m, n=n, k=k, fp8=fp8, out=out, scale=scale, split_k=split_k)

@@ -35,7 +35,6 @@ from hwprofile.plugin import (
     op_def,
     plan_skinny_gemm,
     prebuilt_instances,
-    tuning_for_device,
 )
 
 if TYPE_CHECKING:
@@ -115,7 +114,7 @@ def plan_gemv(
 
 
 def _configure(
-    t: ArchTuning, kind: str, fp8: bool, *, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE
+    t: ArchTuning, *, kind: str, fp8: bool, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE
 ) -> Launch:
     if kind == "router":
         return plan_router(m=m, n=n, k=k, split_k=split_k, sm_count=t.sm_count)
@@ -127,18 +126,18 @@ def kernel_specs(package: str, device: DeviceInfo | None = None) -> list[KernelS
 
     The fp32-output ops (router GEMM, small-M linear) take ``hwp90_router``, the M = 1 GEMVs
     :func:`plan_gemv`; which op is which, and which is FP8, is the op table's. Plans use ``device``'s
-    SM count and shared memory (an H100 PCIe has 114 SMs, not the H200's 132); without one, the H200's.
+    SM count and shared memory (an H100 PCIe has 114 SMs, not the H200's 132; a real GPU's read from
+    the driver on the first plan, see ``hwprofile.plugin.Planner``); without one, the H200's.
     """
-    t = TUNING if device is None else tuning_for_device(TUNING, device)
     specs = []
     for op in PREBUILT_SHAPES:  # the ops the skinny-GEMM family computes
         d = op_def(op)
         kind = "router" if d.out_dtype == "float32" else "gemv"
-        configure = Planner(partial(_configure, t, kind, d.scaled), t)
+        configure = Planner(partial(_configure, kind=kind, fp8=d.scaled), TUNING, device)
         doc = (
             f"hwp90_router: {d.x_dtype} x {d.w_dtype} -> float32, M = 1..16 (PDL, cluster split-K)"
             if kind == "router"
             else f"GEMV M = 1, {d.w_dtype} weights{' x scale' if d.scaled else ''}, fp32 accumulation -> {d.out_dtype}"
         )
-        specs.append(KernelSpec(op, package, SOURCE, prebuilt_instances(op, configure), configure, doc=doc))
+        specs.append(KernelSpec(op, package, SOURCE, prebuilt_instances(op, configure.prebuild()), configure, doc=doc))
     return specs
