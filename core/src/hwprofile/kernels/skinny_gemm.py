@@ -181,7 +181,7 @@ class Planner:
 def check_shape(*, m: int, n: int, k: int, vec: int, max_m: int, what: str) -> None:
     """Refuse, naming the limit, a shape no plan of the family takes (so a gate can refuse it first)."""
     if not 1 <= m <= max_m:
-        raise ValueError(f"the {what} takes 1 <= M <= {max_m}, got M={m}")
+        raise ValueError(f"the {what} takes {'M = 1' if max_m == 1 else f'1 <= M <= {max_m}'}, got M={m}")
     if not 1 <= n <= MAX_N:
         raise ValueError(f"the {what} takes 1 <= N <= {MAX_N}, got N={n}")
     if not vec <= k <= MAX_K:
