@@ -84,9 +84,9 @@ def test_plan_streams_x_in_chunks_past_the_whole_slice_budget() -> None:
     for k in (16392, 65536, 1 << 20):
         for split in (True, False):
             la = plan(t, m=1, n=65536, k=k, fp8=False, out="bf16", scale=0, split_k=split)
-            assert la.shared_bytes == 16 * 1024 and la.name_expression.endswith(", 4, 0, 1024>"), (k, split)
+            assert la.shared_bytes == 16 * 1024 and la.name_expression.endswith(", 4, 0, 512>"), (k, split)
     f8 = plan(t, m=1, n=4096, k=32768, fp8=True, out="bf16", scale=2, split_k=True)  # 48 SMs: 512 groups, no split
-    assert f8.grid == (512, 1, 1) and f8.shared_bytes == 16 * 1024 and f8.name_expression.endswith(", 2, 2, 512>")
+    assert f8.grid == (512, 1, 1) and f8.shared_bytes == 16 * 1024 and f8.name_expression.endswith(", 2, 2, 256>")
     small = plan(t, m=1, n=64, k=32768, fp8=True, out="bf16", scale=1, split_k=True)  # split in 2: 32 KB each, whole
     assert small.grid == (8, 2, 1) and small.shared_bytes == 32 * 1024 and small.name_expression.endswith(", 2, 1>")
 
@@ -95,14 +95,14 @@ def test_plan_streams_x_in_chunks_past_the_whole_slice_budget() -> None:
 def test_chunks_hold_whole_batches(fp8: bool) -> None:
     """The kernel's static_assert (XCHUNK a multiple of 32 * U) holds for every chunk the plan writes."""
     for unroll in (1, 2, 4, 8):
-        for chunk in (8192, 16 * 1024, 24 * 1024, 40000):
+        for chunk in (16 * 1024, 24 * 1024, 40000, 64 * 1024):
             t = ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, simt_unroll=unroll, fp8_unroll=unroll, simt_x_chunk=chunk)
             la = plan(t, m=1, n=8192, k=32768, fp8=fp8, out="bf16", scale=1 if fp8 else 0, split_k=False)
             xchunk = int(la.name_expression[:-1].split(",")[-1])
-            assert xchunk % (32 * unroll) == 0 and 0 < xchunk * (32 if fp8 else 16) <= chunk == t.simt_x_chunk
-            assert la.shared_bytes == xchunk * (32 if fp8 else 16)
-    with pytest.raises(ValueError, match="holds no batch"):
-        plan(ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, simt_x_chunk=1024), m=1, n=8, k=65536, fp8=fp8, out="bf16",
+            assert xchunk % (32 * unroll) == 0 and 0 < 2 * xchunk * (32 if fp8 else 16) <= chunk == t.simt_x_chunk  # two buffers
+            assert la.shared_bytes == 2 * xchunk * (32 if fp8 else 16)
+    with pytest.raises(ValueError, match="holds no two chunks"):
+        plan(ArchTuning(sm_count=132, max_shared_bytes=227 * 1024, simt_x_chunk=2048), m=1, n=8, k=65536, fp8=fp8, out="bf16",
              scale=1 if fp8 else 0, split_k=False)
 
 
@@ -236,9 +236,9 @@ def test_new_shape_classes_plan_on_every_target(sim: str, monkeypatch: pytest.Mo
     hwprofile.reset()
     p = hwprofile.profile(0)
     exprs = new_shape_launches(p)
-    assert any(e.endswith(", 512>") for e in exprs["fp8_gemv"])  # some FP8 long K streams x in chunks
+    assert any(e.endswith(", 256>") for e in exprs["fp8_gemv"])  # some FP8 long K streams x in chunks
     if sim != "h200":  # sm90's long-K bf16 GEMV at large N is its persistent kernel (two copies of x fit 227 KB)
-        assert any(e.endswith(", 1024>") for e in exprs["gemv"])
+        assert any(e.endswith(", 512>") for e in exprs["gemv"])
 
 
 def test_widest_vocabulary_is_within_the_default_bounds() -> None:
@@ -319,7 +319,7 @@ def test_a_real_gpu_is_planned_from_its_driver_attributes(monkeypatch: pytest.Mo
     assert gemv.configure(m=1, n=57344, k=4096, split_k=True).grid == (228, 1, 1)  # persistent: 2 blocks x 114 SMs
     # 200 KB a block: hwp90_gemv's two copies of x fit up to K = 51200, the chunked kernel takes longer K
     assert gemv.configure(m=1, n=57344, k=51200, split_k=True).name_expression.startswith("hwp90_gemv<")
-    assert gemv.configure(m=1, n=57344, k=51208, split_k=True).name_expression.endswith(", 1024>")
+    assert gemv.configure(m=1, n=57344, k=51208, split_k=True).name_expression.endswith(", 512>")
     assert set(asked) == {3}
     assert "sm_count=114" in gemv.configure.plan_basis  # type: ignore[attr-defined]  # what the plan digest records
     # unknown attributes (no cuda-python): the reference card's

@@ -39,7 +39,7 @@ def test_gemv_plan() -> None:
     # K past what 2 blocks' copies of x take (2 x K x 2 bytes > 227 KB): the shared kernel streams x in chunks
     assert plan_gemv(m=1, n=57344, k=58112, split_k=True).name_expression.startswith("hwp90_gemv<")
     long = plan_gemv(m=1, n=57344, k=58120, split_k=True)
-    assert long.name_expression == "hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0, 1024>" and long.shared_bytes == 16 * 1024
+    assert long.name_expression == "hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0, 512>" and long.shared_bytes == 16 * 1024
     with pytest.raises(ValueError, match="multiple of 8"):
         plan_gemv(m=1, n=57344, k=120004, split_k=True)
     with pytest.raises(ValueError, match="multiple of 16"):

@@ -74,8 +74,9 @@ class ArchTuning(Record):
     #: Stage a block's whole x slice in shared memory up to this many bytes (K = 16384 bf16 at the
     #: default: every shape the H200 sweeps measured) ...
     simt_x_whole_max: int
-    #: ... and past it stream x through a buffer of this many bytes per token: at 64 KB of x per
-    #: block (K = 32768) only 3 blocks of 4 warps would fit on an SM.
+    #: ... and past it stream x through two buffers of this many bytes together (per token), one
+    #: filled by cp.async while the other is read: at 64 KB of x per block (K = 32768) only 3
+    #: blocks of 4 warps would fit on an SM.
     simt_x_chunk: int
 
     def __init__(
@@ -223,10 +224,12 @@ def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: i
     smem = whole
     if whole > t.simt_x_whole_max:
         batch = 32 * unroll  # weight vectors per warp batch: a chunk holds whole batches
-        xchunk = t.simt_x_chunk // xbytes // batch * batch
+        xchunk = t.simt_x_chunk // 2 // xbytes // batch * batch  # two buffers
         if xchunk < batch:
-            raise ValueError(f"ArchTuning.simt_x_chunk={t.simt_x_chunk} bytes holds no batch of {batch} weight vectors ({t.prefix})")
-        smem = xchunk * xbytes
+            raise ValueError(
+                f"ArchTuning.simt_x_chunk={t.simt_x_chunk} bytes holds no two chunks of {batch} weight vectors ({t.prefix})"
+            )
+        smem = 2 * xchunk * xbytes
     static = t.simt_warps * t.simt_rows * 4 if ksplit > 1 else 0  # the split-K reduction's buffer
     if smem + static > t.max_shared_bytes:
         raise ValueError(

@@ -31,7 +31,7 @@ def hwprofile_arch() -> ArchSpec:
 # byte-identical for sm_90a (SASS and every per-kernel cubin section compared, with NVRTC 13.0 and 13.5), so the
 # shipped copies recorded the new source's digest. Adding the chunked-x GEMV instances for long K (2026-12-02) again
 # left every shipped or planned instance byte-identical (benchmarks/compare_instances.py) and the swept shapes' plans
-# unchanged, so they record this source's digest, 08bbb94ee5bd... (each file says so beside it);
+# unchanged, so they record this source's digest, 076d38e963e5... (each file says so beside it);
 # tests/test_sm90_stamps.py holds them equal to the raw sweeps in everything else.
 
 

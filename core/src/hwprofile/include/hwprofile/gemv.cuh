@@ -218,11 +218,13 @@ __device__ __forceinline__ void skinny_gemm(TOut* __restrict__ out, const __nv_b
 // batch of weight loads is issued before that staging, and each later batch is issued before the
 // previous one is consumed (register double buffer), so the weight stream never waits on x.
 // XCHUNK = 0 stages the whole slice (M * slice * 2 bytes). XCHUNK > 0 (weight vectors, a multiple
-// of the batch 32 * U) streams x through a buffer of that many vectors per token: a long K (a
+// of the batch 32 * U) streams x through two buffers of that many vectors per token: a long K (a
 // 32768-wide down projection is 64 KB of x) would otherwise take so much shared memory per block
-// that few blocks fit on an SM and too few weight loads are in flight. A batch never straddles two
-// chunks; at a chunk boundary the block restages after the next batch's weight loads are issued,
-// so the weight stream keeps flowing through the two __syncthreads.
+// that few blocks fit on an SM and too few weight loads are in flight. The buffers are filled by
+// cp.async (global -> shared without registers, so the double-buffered weights keep theirs) one
+// chunk ahead: entering chunk c, the block waits for its copy (issued when chunk c-1 began) and
+// one __syncthreads, then starts copying chunk c+1 into the buffer chunk c-1 has left. A batch
+// never straddles two chunks, and the next batch's weight loads are in flight across the wait.
 // ---------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float2 bf2_to_f2(unsigned v) {
@@ -233,6 +235,16 @@ __device__ __forceinline__ float2 e4m3x2_to_f2(unsigned short v) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
   return __half22float2(*reinterpret_cast<__half2*>(&h));
 }
+
+// 16 bytes global -> shared, asynchronously (sm_80+: every target here), cached in L2 only; completion
+// is per thread, by commit group.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
 
 template <bool FP8>
 __device__ __forceinline__ float dot_vec(const uint4& wv, const uint4* xs, float a) {
@@ -292,20 +304,25 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
       cur[u][r] = ok ? t : zero;
     }
 
-  // x vectors per token row the buffer holds (the stride between token rows in xs), and the first
-  // weight vector of the chunk it holds now (block-uniform)
+  // Chunked: chunk c (weight vectors [c * XCHUNK, (c + 1) * XCHUNK) of the slice) lives in buffer
+  // c & 1; `cb` is the first vector of the chunk being consumed (block-uniform: every warp walks the
+  // same v), `ch` its number.
   constexpr bool CHUNKED = XCHUNK > 0;
-  const int xcap = CHUNKED ? XCHUNK : nv;
-  int cb = 0;
-  auto stage = [&](int base) {  // x[:, slice][base, base + xcap) -> xs; a chunk past the slice's end is short
-    const int len = min(xcap, nv - base) * XV;
+  constexpr int XBUF = CHUNKED ? M * XCHUNK * XV : 1;  // uint4 per buffer
+  int cb = 0, ch = 0;
+  auto stage = [&](int c) {  // chunk c -> buffer c & 1 by cp.async, one commit group (empty past the slice)
+    const int base = c * XCHUNK, len = max(0, min(XCHUNK, nv - base)) * XV;
+    uint4* buf = xs + (c & 1) * XBUF;
     for (int i = threadIdx.x; i < M * len; i += WARPS * 32) {
       const int m = M == 1 ? 0 : i / len, j = i - m * len;
-      xs[m * xcap * XV + j] = load_reused(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + (v0 + base) * XV + j);
+      cp_async16(buf + m * XCHUNK * XV + j, reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + (v0 + base) * XV + j);
     }
+    cp_async_commit();
   };
   if constexpr (CHUNKED) {
     stage(0);  // while the first weights fly
+    stage(1);
+    cp_async_wait<1>();  // chunk 0 is in (chunk 1 may still be in flight)
   } else {
     for (int i = threadIdx.x; i < M * nv * XV; i += WARPS * 32) {  // stage x[:, slice] while weights fly
       const int m = i / (nv * XV), j = i - m * (nv * XV);
@@ -334,11 +351,12 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
         }
     }
     if constexpr (CHUNKED) {
-      if (v - lane >= cb + XCHUNK) {  // `cur` starts the next chunk (block-uniform: every warp walks the same v)
+      if (v - lane >= cb + XCHUNK) {  // `cur` starts the next chunk
         cb += XCHUNK;
-        __syncthreads();  // every warp is done with the previous chunk
-        stage(cb);
-        __syncthreads();
+        ++ch;
+        cp_async_wait<0>();  // this thread's part of chunk ch is in
+        __syncthreads();     // everyone's is, and every warp is done with chunk ch - 1
+        stage(ch + 1);       // into the buffer chunk ch - 1 has left
       }
     }
 #pragma unroll
@@ -348,7 +366,7 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
         for (int m = 0; m < M; ++m)
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
-            const uint4* xv = CHUNKED ? xs + (m * xcap + v - cb + 32 * u) * XV : xs + (m * nv + v + 32 * u) * XV;
+            const uint4* xv = CHUNKED ? xs + (ch & 1) * XBUF + (m * XCHUNK + v - cb + 32 * u) * XV : xs + (m * nv + v + 32 * u) * XV;
             acc[r][m] = dot_vec<FP8>(cur[u][r], xv, acc[r][m]);
           }
       }
@@ -360,6 +378,7 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
       for (int r = 0; r < ROWS; ++r) cur[u][r] = nxt[u][r];
     v = vn;
   }
+  if constexpr (CHUNKED) cp_async_wait<0>();  // no copy outlives the loop (the last group is empty: no wait)
 
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)

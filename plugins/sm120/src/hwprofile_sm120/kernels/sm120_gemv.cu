@@ -15,7 +15,7 @@
 // static_asserts against the limits below. SM12x has about 99 KB of shared memory per block: the
 // plan (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp120", max_shared_bytes = 99 KB, or less
 // where the device reports less) stages the GEMV's x slice whole up to 32 KB and streams it through
-// a 16 KB buffer in chunks past that, so no K is too long for the shared memory.
+// two 8 KB buffers in chunks past that, so no K is too long for the shared memory.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 1200) && (__CUDA_ARCH__ != 1210)
 #error "hwprofile-sm120 kernels are built for sm_120a / sm_121a only"
 #endif
