@@ -25,6 +25,9 @@ from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from hwprofile.sweep import Point
 
+#: the largest K the gemv kernel takes (the op table's default of gemv.max_k)
+GEMV_MAX_K = next(int(str(d[2])) for d in OPS["gemv"].settings if d[0] == "gemv.max_k")
+
 ENV = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine"}
 
 
@@ -106,9 +109,10 @@ def test_sweep_writes_one_decision_per_measured_shape(h200: hwprofile.Profile) -
 
 
 def test_a_kernel_win_dispatch_cannot_route_is_recorded_as_the_fallback(h200: hwprofile.Profile) -> None:
-    """gpt-oss's K = 2880 is no multiple of gemv.k_multiple (512): the kernel may run it under run_kernel,
-    but dispatch would never send it there, so the table must not claim it (it would be refused)."""
-    doc = sweep.run(h200, "gemv", [(1, 2560, 2880), (1, 2048, 2048)], ShapeTimer(lambda *a: (5.0, 9.0)), date="2026-12-02")
+    """With gemv.k_multiple raised to 512, gpt-oss's K = 2880 is no multiple of it: the kernel may run it under
+    run_kernel, but dispatch would never send it there, so the table must not claim it (it would be refused)."""
+    prof = resolve({"HWPROFILE_GEMV_K_MULTIPLE": "512"}, h200)
+    doc = sweep.run(prof, "gemv", [(1, 2560, 2880), (1, 2048, 2048)], ShapeTimer(lambda *a: (5.0, 9.0)), date="2026-12-02")
     table = tuning.parse_measured("gemv", doc["thresholds"]["gemv.measured"], where="t")
     assert not table[(1, 2560, 2880)].kernel and table[(1, 2560, 2880)].kernel_us == pytest.approx(5.0, rel=0.01)
     assert table[(1, 2048, 2048)].kernel
@@ -193,7 +197,7 @@ def test_agreement_and_provenance_see_the_table(h200: hwprofile.Profile, tmp_pat
         ("1x4096x7168=kernel:3/7; 1x4096x7168=fallback:3/2", "repeats shape 1x4096x7168"),
         ("2x4096x7168=kernel:3.1/7.2", "takes M <= 1"),  # the GEMV kernels take M = 1
         ("1x4096x7172=kernel:3.1/7.2", "K % 8"),
-        ("1x4096x40960=kernel:3.1/7.2", "K in [512, 17408]"),  # beyond what the kernel takes
+        (f"1x4096x{2 * GEMV_MAX_K}=kernel:3.1/7.2", f"K in [512, {GEMV_MAX_K}]"),  # beyond what the kernel takes
         ("1x4096x0=fallback:3.1/7.2", "empty dimension"),
     ],
 )

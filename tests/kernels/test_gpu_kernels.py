@@ -91,3 +91,85 @@ def test_launch_checks_reject_misaligned_inputs(table: ops._dispatch._Table) -> 
     out = ops.gemv(x, w)
     assert rel(out, x.double() @ w.double().t()) < 1e-2
     assert hwprofile.profile(0).stats.as_dict()["gemv"]["fallback"] == before + 1
+
+
+# --- the served-model shape classes (issue 21, item 3): long K, the widest vocabulary, every catalog router
+
+LONG_K = [2880, 8192, 14336, 16384, 25600, 28672, 32768]
+WIDEST_VOCAB = 202048  # Llama-4 (core/src/hwprofile/models.toml); tests/kernels/test_plans.py holds it to the catalog
+ROUTER_N = [8, 16, 32, 128, 160, 256, 384, 512]
+ROUTER_K = [2048, 2880, 4096, 5120, 6144, 7168]
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("n", [2056, 8192])
+@pytest.mark.parametrize("k", LONG_K)
+def test_gemv_bf16_long_k(table: ops._dispatch._Table, n: int, k: int, split: bool) -> None:
+    """N = 2056 splits K over a cluster (and has a row tail); N = 8192 takes the persistent or the chunked kernel."""
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    w = torch.randn(n, k, device="cuda").bfloat16()
+    out = run(table, "gemv", x, w, None, torch.bfloat16, split=split)
+    assert rel(out, x.double() @ w.double().t()) < 1e-2
+
+
+@pytest.mark.parametrize("mode", [ops.TENSOR_SCALE, ops.ROW_SCALE])
+@pytest.mark.parametrize("n", [2056, 8192])
+@pytest.mark.parametrize("k", LONG_K)
+def test_fp8_gemv_long_k(table: ops._dispatch._Table, n: int, k: int, mode: int) -> None:
+    """K past 16384 streams x through shared memory in chunks; 2880 = 180 vectors of 16 (not a multiple of 512)."""
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") * 3).to(torch.float8_e4m3fn)
+    scale = (torch.rand(n, device="cuda") + 0.5) if mode == ops.ROW_SCALE else torch.tensor([0.7], device="cuda")
+    for split in (True, False):
+        out = run(table, "fp8_gemv", x, w, scale, torch.bfloat16, mode, split=split)
+        ref = x.double() @ (w.double() * scale.double().reshape(-1, 1)).t()
+        assert rel(out, ref) < 1e-2, f"split_k={split}"
+
+
+@pytest.mark.parametrize("k", [2880, 5120])
+@pytest.mark.parametrize("op", ["gemv", "fp8_gemv"])
+def test_gemv_widest_vocabulary(table: ops._dispatch._Table, op: str, k: int) -> None:
+    """The LM head of the widest vocabulary in the model catalog (N = 202048), bf16 and FP8 weights."""
+    x = torch.randn(1, k, device="cuda").bfloat16()
+    if op == "gemv":
+        w = torch.randn(WIDEST_VOCAB, k, device="cuda").bfloat16()
+        scale, mode, ref = None, 0, x.double() @ w.double().t()
+    else:
+        w = (torch.randn(WIDEST_VOCAB, k, device="cuda") * 3).to(torch.float8_e4m3fn)
+        scale, mode = torch.rand(WIDEST_VOCAB, device="cuda") + 0.5, ops.ROW_SCALE
+        ref = (x.double() @ w.double().t()) * scale.double()
+    out = run(table, op, x, w, scale, torch.bfloat16, mode)
+    assert rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("k", ROUTER_K)
+@pytest.mark.parametrize("n", ROUTER_N)
+def test_router_gemm_catalog_routers(table: ops._dispatch._Table, n: int, k: int) -> None:
+    """Every catalog router (N experts x hidden K) at every M = 1..16, split-K on and off, against float64."""
+    w = torch.randn(n, k, device="cuda").bfloat16()
+    for m in range(1, 17):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = x.double() @ w.double().t()
+        for split in (True, False):
+            out = run(table, "router_gemm", x, w, None, torch.float32, split=split)
+            assert rel(out, ref) < 1e-5, f"M={m}, split_k={split}"
+
+
+@pytest.mark.parametrize("k", [2880, 8192, 14336, 28672])
+@pytest.mark.parametrize("n", [160, 4096])
+def test_linear_bf16_fp32_long_k(table: ops._dispatch._Table, n: int, k: int) -> None:
+    """The fp32-output small-M linear at M = 1..16 on K past the swept 7168."""
+    w = torch.randn(n, k, device="cuda").bfloat16()
+    for m in range(1, 17):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        out = run(table, "linear_bf16_fp32", x, w, None, torch.float32, split=True)
+        assert rel(out, x.double() @ w.double().t()) < 1e-5, f"M={m}"
+
+
+def test_plans_use_this_gpus_own_attributes(table: ops._dispatch._Table) -> None:
+    """The plans' SM count and shared memory are the driver's for this GPU (not the reference card's)."""
+    attrs = table.prof.device.attributes()
+    assert not table.prof.device.simulated and attrs.sm_count and attrs.max_shared_memory_per_block_optin
+    basis = table.prof.kernels["gemv"].configure.plan_basis
+    assert f"sm_count={attrs.sm_count}," in basis
+    assert f"max_shared_bytes={min(attrs.max_shared_memory_per_block_optin, 227 * 1024)}," in basis

@@ -141,7 +141,7 @@ def test_linear_gates(fake: FakeLauncher) -> None:
     assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 4096), rand(256, 4096))
 
 
-# --- gemv (box pinned above: N 64..12288, K 512..4096, K % 512, N % 8, M = 1) --------------------------
+# --- gemv (box pinned above: N 64..12288, K 512..4096, K % 8, N % 8, M = 1) ----------------------------
 
 
 def test_gemv_gates(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,7 +152,10 @@ def test_gemv_gates(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None
     assert not took_kernel(fake, ops.gemv, rand(1, 4096), rand(56, 4096))  # N < min_n
     assert not took_kernel(fake, ops.gemv, rand(1, 4096), rand(2052, 4096))  # N % 8
     assert not took_kernel(fake, ops.gemv, rand(1, 4608), rand(2048, 4608))  # K > max_k
-    assert not took_kernel(fake, ops.gemv, rand(1, 1000), rand(2048, 1000))  # K % 512
+    assert took_kernel(fake, ops.gemv, rand(1, 1000), rand(2048, 1000))  # K % 8 is all the kernel's 16-byte loads need
+    assert took_kernel(fake, ops.gemv, rand(1, 2880), rand(2048, 2880))  # gpt-oss's hidden size (not a multiple of 512)
+    assert not took_kernel(fake, ops.gemv, rand(1, 1004), rand(2048, 1004))  # K % 8
+    assert ops.decide("gemv", hwprofile.profile(0), m=1, n=2048, k=1004).gate == "k_multiple"
     assert not took_kernel(fake, ops.gemv, rand(1, 256), rand(2048, 256))  # K < min_k
     env(monkeypatch, gemv_cublas_roof_n_min="2048", gemv_cublas_roof_n_max="4096")
     assert not took_kernel(fake, ops.gemv, rand(1, 4096), rand(2048, 4096))  # inside the roof gap

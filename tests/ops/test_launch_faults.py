@@ -143,8 +143,8 @@ class FakeDriver:
 
 @pytest.mark.parametrize(
     ("refuse", "what", "error", "k"),
-    [  # a 64 KiB x slice: over 48 KiB, so the opt-in is asked for first
-        ("cuFuncSetAttribute", "raising the shared-memory limit of gemv-instance to 65536 bytes", "CUDA_ERROR_INVALID_VALUE", 32768),
+    [  # a plan of 64 KiB shared memory: over 48 KiB, so the opt-in is asked for first
+        ("cuFuncSetAttribute", "raising the shared-memory limit of gemv-instance to 65536 bytes", "CUDA_ERROR_INVALID_VALUE", 4096),
         ("cuLaunchKernel", "launching gemv-instance grid=", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", 1024),
     ],
 )
@@ -157,6 +157,9 @@ def test_real_loaded_kernel_refused_by_the_driver_is_the_fallback(
     ops.reset_dispatch()
     drv = FakeDriver(refuse, error)
     monkeypatch.setattr(klaunch, "_driver", lambda: drv)
+    if refuse == "cuFuncSetAttribute":  # the kernels stream x past 32 KB now: pose a plan that stages 64 KiB
+        plan = skinny_gemm.plan
+        monkeypatch.setattr(skinny_gemm, "plan", lambda t, **kw: plan(t, **kw).replace(shared_bytes=65536))
     _load_gives(monkeypatch, klaunch.LoadedKernel(object(), "gemv-instance", ops._kernel.ARG_TYPES))
     x, w = _xw(256, k)
     assert ops.decide("gemv", hwprofile.profile(0), m=1, n=256, k=k).path == "kernel"
@@ -169,9 +172,26 @@ def test_real_loaded_kernel_refused_by_the_driver_is_the_fallback(
 # --- a planner that cannot plan is a gate that refuses --------------------------------------------
 
 
-def test_issue_case_max_k_raised_with_split_k_off_routes_to_the_fallback(seam: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_issue_case_max_k_raised_with_split_k_off_is_planned_or_refused_never_raised(seam: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's case (rtx-pro-6000, gemv.max_k 65536, split-K off, K = 51200): the kernels now stream x, so the
+    planner takes it and the gate agrees; a planner that refuses the same shape is the "plan" gate, never its ValueError."""
     monkeypatch.setenv("HWPROFILE_GEMV_MAX_K", "65536")
     monkeypatch.setenv("HWPROFILE_GEMV_SPLIT_K", "0")
+    hwprofile.reset()
+    ops.reset_dispatch()
+    p = hwprofile.profile(0)
+    d = ops.decide("gemv", p, m=1, n=4096, k=51200)
+    assert (d.path, d.gate) == ("kernel", None)
+    p.kernels["gemv"].configure(m=1, n=4096, k=51200, split_k=False)  # what the gate let through, the planner plans
+
+    plan = skinny_gemm.plan
+
+    def refuse(t: Any, **kw: Any) -> Launch:
+        if kw["k"] != 51200:
+            return plan(t, **kw)
+        raise ValueError(f"x of {2 * kw['k']} bytes exceeds the shared memory per block")
+
+    monkeypatch.setattr(skinny_gemm, "plan", refuse)  # what the sm120 specs' configure calls
     hwprofile.reset()
     ops.reset_dispatch()
     loaded = _load_gives(monkeypatch, FailingKernel(AssertionError("never launched")))

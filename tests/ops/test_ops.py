@@ -112,7 +112,9 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
         (57344, 7168, "fallback"),
         (152064, 5120, "fallback"),
         (2048, 3584, "kernel"),
-        (2048, 3000, "fallback"),
+        (2048, 3000, "kernel"),  # K % 8: the kernel's 16-byte loads
+        (2048, 2880, "kernel"),
+        (2048, 3004, "fallback"),
         (2048, 256, "fallback"),
         (2050, 4096, "fallback"),
         (64, 512, "kernel"),
@@ -151,8 +153,9 @@ def test_sm120_predicate(monkeypatch: pytest.MonkeyPatch) -> None:
     hwprofile.reset()
     p = hwprofile.profile(0)
     # the plugin's unmeasured box: what the H200 sweep won (hwprofile_sm120's rule "H200 box")
-    assert ops.decide("gemv", p, m=1, n=4096, k=7168).path == "kernel"
-    assert ops.decide("gemv", p, m=1, n=4096, k=7680).gate == "k"
+    top = p["gemv.max_k"]
+    assert ops.decide("gemv", p, m=1, n=4096, k=top).path == "kernel"
+    assert ops.decide("gemv", p, m=1, n=4096, k=top + 8).gate == "k"
     assert ops.decide("fp8_gemv", p, m=1, n=28672, k=4096).path == "kernel"
     # a user who raises the bound gets the kernel as far as its planner takes it, the fallback past that
     monkeypatch.setenv("HWPROFILE_GEMV_MAX_K", "17920")

@@ -128,14 +128,17 @@ def _mnk_bounds(op: str, what: str, n: tuple[int, int], k: tuple[int, int]) -> t
     )
 
 
-def _gemv_settings(op: str, what: str) -> tuple[SettingDecl, ...]:
+def _gemv_settings(op: str, what: str, vec: int) -> tuple[SettingDecl, ...]:
+    """A GEMV kernel's bounds. The kernels stream x through shared memory in chunks, so K is bounded by
+    what is served, not by shared memory: twice the catalog's longest K (32768), and N past its widest
+    LM head (202048); ``vec`` is the kernel's 16-byte load in weight elements (K = 2880 is 180 of 16)."""
     return (
         _int(f"{op}.min_k", 512, f"smallest K the {what} takes", 1, 1 << 20),
-        _int(f"{op}.max_k", 17408, f"largest K the {what} takes (x is staged in shared memory)", 1, 1 << 20),
-        _int(f"{op}.k_multiple", 512, f"K must be a multiple of this for the {what}", 1, 1 << 16),
+        _int(f"{op}.max_k", 65536, f"largest K the {what} takes (x streamed through shared memory in chunks)", 1, 1 << 20),
+        _int(f"{op}.k_multiple", vec, f"K must be a multiple of this for the {what} (its 16-byte loads)", 1, 1 << 16),
         _int(f"{op}.n_multiple", 8, f"N must be a multiple of this for the {what}", 1, 1 << 16),
         _int(f"{op}.min_n", 64, f"smallest N the {what} takes", 1),
-        _int(f"{op}.max_n", 65536, f"largest N the {what} takes", 1),
+        _int(f"{op}.max_n", 262144, f"largest N the {what} takes", 1),
         _int(
             f"{op}.cublas_roof_n_min", 12288, f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used"
         ),
@@ -253,7 +256,7 @@ GEMV = OpDef(
             None,
             None,
         ),
-        *_gemv_settings("gemv", "bf16 GEMV kernel (M = 1)"),
+        *_gemv_settings("gemv", "bf16 GEMV kernel (M = 1)", 8),
         _measured("gemv"),
     ),
 )
@@ -275,7 +278,7 @@ FP8_GEMV = OpDef(
     roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
     threshold="box",
     grid=_FP8_GRID,
-    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)"), _measured("fp8_gemv")),
+    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv")),
 )
 
 #: every op, by name, in the order the CLI and the docs list them

@@ -33,10 +33,18 @@ Op facts, read from hwprofile's op table (``hwprofile.optable``, the one place t
 The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwprofile.kernels.skinny_gemm``):
 
 * ``ArchTuning``: one SM's planning constants (SM count, shared memory, cluster size, entry-point prefix).
-* ``kernel_specs(package, source, tuning)``: the family's op kernels for one SM (every op of
-  ``PREBUILT_SHAPES``), ready to return from ``hwprofile_kernels``.
+* ``Planner(fn, tuning, device=None)``: a ``configure`` calling ``fn(tuning, **shape)`` with the device's
+  tuning (a real GPU's read from the driver on the first plan, not while a profile resolves), which it
+  carries into the plan digest stamps record.
+* ``tuning_for_device(tuning, device)``: ``tuning`` with the device's own SM count and shared memory
+  (the driver's on a real GPU, the catalog's on a simulated one).
+* ``kernel_specs(package, source, tuning, device=None)``: the family's op kernels for one SM (every op of
+  ``PREBUILT_SHAPES``), planned for ``device``'s own SM count and shared memory, ready to return from
+  ``hwprofile_kernels``.
 * ``plan_skinny_gemm(tuning, m=, n=, k=, fp8=, out=, scale=, split_k=)``: the family's launch for one
   call, for a plugin that routes some shapes to the family and others to kernels of its own.
+* ``check_kernel_shape(m=, n=, k=, vec=, max_m=, what=)``: the ``ValueError`` (naming the limit) a
+  planner raises for a shape no kernel of the family takes, so a gate can refuse it.
 * ``PREBUILT_SHAPES``: the ops the family computes, each with the (M, N, K) shapes whose instances
   ``hwprofile compile`` pre-builds.
 * ``prebuilt_instances(op, configure)``: the name expressions ``configure`` plans for those shapes
@@ -66,7 +74,9 @@ from .catalog import CatalogEntry
 from .device import DeviceInfo
 from .errors import PluginError, SettingError
 from .hookspecs import hookimpl
-from .kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, kernel_specs, prebuilt_instances
+from .kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, Planner, kernel_specs, prebuilt_instances
+from .kernels.skinny_gemm import check_shape as check_kernel_shape
+from .kernels.skinny_gemm import for_device as tuning_for_device
 from .kernels.skinny_gemm import plan as plan_skinny_gemm
 from .kernels.spec import KernelSpec, Launch, _package_dir
 from .optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
@@ -93,10 +103,12 @@ __all__ = [
     "KernelSpec",
     "Launch",
     "OpDef",
+    "Planner",
     "PluginInfo",
     "Setting",
     "Stamp",
     "Value",
+    "check_kernel_shape",
     "compile_kernel",
     "hookimpl",
     "kernel_specs",
@@ -106,6 +118,7 @@ __all__ = [
     "profile_for",
     "shipped_stamp",
     "simulated_device",
+    "tuning_for_device",
 ]
 
 

@@ -201,17 +201,22 @@ def _forget_plans() -> None:
 
 def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
     """SHA-256 of the launches ``spec`` plans for ``op``'s default sweep grid, then ``shapes`` (a per-shape
-    table's shapes outside the grid, sorted), every split-K choice and scale mode.
+    table's shapes outside the grid, sorted), every split-K choice and scale mode, and of what it plans
+    with where its ``configure`` says (``plan_basis``: the device's SM count and shared memory).
 
     What a stamp records beside the kernel source: the same source launched with other tiles, grid
     or PDL is another measurement. A shape the plan refuses is part of the plan (its error type).
     Without ``shapes`` the digest is the grid's alone (what stamps written before per-shape tables
     record). Memoised per spec and shapes until ``hwprofile.reset()`` (a plan is a pure function of the shape).
     """
+    # what configure plans with (hwprofile.plugin.Planner's plan_basis: the device's SM count and shared
+    # memory; else the callable itself), so two devices of one plugin never share a memoised digest
+    configure = getattr(spec, "configure", None)
+    basis = getattr(configure, "plan_basis", None) or repr(configure)
     grid = OPS[op].grid
     extra = tuple(sorted(set(shapes) - set(grid)))
     key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
-           tuple(getattr(spec, "instances", ())), extra)
+           tuple(getattr(spec, "instances", ())), basis, extra)
     found = _plans.get(key)
     if found is None:
         found = _plans[key] = _plan_digest(op, spec, (*grid, *extra))
@@ -223,6 +228,9 @@ def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
 
     d = OPS[op]
     h = hashlib.sha256()
+    basis = getattr(spec.configure, "plan_basis", None)  # what the plan was computed for (hwprofile.plugin.Planner)
+    if basis:
+        h.update(repr(("basis", str(basis))).encode())
     for m, n, k in grid:
         for split_k in (True, False):
             for mode in d.scale_modes:

@@ -36,8 +36,14 @@ def test_gemv_plan() -> None:
     assert plan_gemv(m=1, n=2048, k=7168, split_k=False).name_expression.startswith("hwp90_gemv<")  # no split: persistent
     fp8 = plan_gemv(m=1, n=57344, k=7168, split_k=True, fp8=True, scale=2)
     assert fp8.name_expression.startswith("hwp90_gemv_simt<true,") and fp8.name_expression.endswith(", 2>")
-    with pytest.raises(ValueError, match="shared memory"):
-        plan_gemv(m=1, n=57344, k=120000, split_k=True)
+    # K past what 2 blocks' copies of x take (2 x K x 2 bytes > 227 KB): the shared kernel streams x in chunks
+    assert plan_gemv(m=1, n=57344, k=58112, split_k=True).name_expression.startswith("hwp90_gemv<")
+    long = plan_gemv(m=1, n=57344, k=58120, split_k=True)
+    assert long.name_expression == "hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0, 512>" and long.shared_bytes == 16 * 1024
+    with pytest.raises(ValueError, match="multiple of 8"):
+        plan_gemv(m=1, n=57344, k=120004, split_k=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        plan_gemv(m=1, n=57344, k=2888, split_k=True, fp8=True, scale=1)
 
 
 def test_specs_cover_every_op_and_prebuild_the_familys_shapes() -> None:

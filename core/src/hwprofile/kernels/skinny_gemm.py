@@ -19,12 +19,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import MappingProxyType
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import optable
 from .._record import Record, _set, final
 from ..optable import NO_SCALE
 from .spec import KernelSpec, Launch
+
+if TYPE_CHECKING:
+    from ..device import DriverAttributes
+
+    class _HasAttributes(Protocol):
+        def attributes(self) -> DriverAttributes: ...
 
 Shape = tuple[int, int, int]  # (M, N, K)
 
@@ -36,6 +42,7 @@ class ArchTuning(Record):
     __slots__ = (
         "sm_count", "max_shared_bytes", "max_cluster", "prefix", "mma_warps", "mma_nt", "mma_unroll",
         "mma_blocks_per_sm", "simt_warps", "simt_rows", "simt_unroll", "fp8_unroll", "simt_split_below",
+        "simt_x_whole_max", "simt_x_chunk",
     )
 
     #: Multiprocessors on the SM generation's reference card.
@@ -64,6 +71,13 @@ class ArchTuning(Record):
     fp8_unroll: int
     #: Split K in 2 when the grid has fewer blocks per SM than this.
     simt_split_below: float
+    #: Stage a block's whole x slice in shared memory up to this many bytes (K = 16384 bf16 at the
+    #: default: every shape the H200 sweeps measured) ...
+    simt_x_whole_max: int
+    #: ... and past it stream x through two buffers of this many bytes together (per token), one
+    #: filled by cp.async while the other is read: at 64 KB of x per block (K = 32768) only 3
+    #: blocks of 4 warps would fit on an SM.
+    simt_x_chunk: int
 
     def __init__(
         self,
@@ -80,6 +94,8 @@ class ArchTuning(Record):
         simt_unroll: int = 4,
         fp8_unroll: int = 2,
         simt_split_below: float = 3.0,
+        simt_x_whole_max: int = 32 * 1024,
+        simt_x_chunk: int = 16 * 1024,
     ) -> None:
         _set(self, "sm_count", sm_count)
         _set(self, "max_shared_bytes", max_shared_bytes)
@@ -94,22 +110,100 @@ class ArchTuning(Record):
         _set(self, "simt_unroll", simt_unroll)
         _set(self, "fp8_unroll", fp8_unroll)
         _set(self, "simt_split_below", simt_split_below)
+        _set(self, "simt_x_whole_max", simt_x_whole_max)
+        _set(self, "simt_x_chunk", simt_x_chunk)
+
+
+#: Largest K and N any plan takes: the settings' own upper bound on K (so no in-bounds K is refused
+#: for its size), and an N whose grid of 8-row groups stays far below CUDA's 2^31 - 1 blocks.
+MAX_K: Final = 1 << 20
+MAX_N: Final = 1 << 24
+
+
+def for_device(t: ArchTuning, device: _HasAttributes) -> ArchTuning:
+    """``t`` with the SM count and opt-in shared memory per block of ``device``, where known.
+
+    A real GPU's come from its driver, a simulated one's from its catalog entry
+    (:meth:`~hwprofile.device.DeviceInfo.attributes`): a GB300 (152 SMs) is not planned as a B200
+    (148), nor an RTX 5090 (170) as an RTX PRO 6000 (188). The shared memory is never raised past
+    the architecture's own limit (what the kernels' static_asserts were written against).
+    """
+    a = device.attributes()
+    sms = a.sm_count if a.sm_count else t.sm_count
+    smem = min(t.max_shared_bytes, a.max_shared_memory_per_block_optin) if a.max_shared_memory_per_block_optin else t.max_shared_bytes
+    return t.replace(sm_count=sms, max_shared_bytes=smem)
+
+
+class Planner:
+    """A :class:`~hwprofile.kernels.KernelSpec`'s ``configure``: ``fn(tuning, **shape)`` planned for a device.
+
+    With ``device``, the tuning is :func:`for_device`'s: the device's own SM count and shared memory.
+    A real GPU's are read from the driver on the first plan (a launch, a plan digest), never while a
+    profile resolves: reading them initialises the CUDA driver, which the first ``profile()`` must not
+    pay for. ``plan_basis`` (the tuning's repr) goes into the plan digest a stamp records
+    (:func:`hwprofile.tuning.plan_digest`), so a sweep on a 152-SM GB300 is not taken for one on a
+    148-SM B300 even where the sweep grid's launches coincide.
+    """
+
+    __slots__ = ("_device", "_fn", "_reference", "_tuning")
+
+    def __init__(self, fn: Callable[..., Launch], tuning: ArchTuning, device: _HasAttributes | None = None) -> None:
+        self._fn = fn
+        self._reference = tuning
+        self._device = device
+        # a simulated device's attributes are its catalog entry's: free to read now
+        eager = device is None or getattr(device, "catalog_attributes", None) is not None
+        self._tuning: ArchTuning | None = (tuning if device is None else for_device(tuning, device)) if eager else None
+
+    @property
+    def tuning(self) -> ArchTuning:
+        """What the plans are computed for (resolved from the device on first use)."""
+        if self._tuning is None:
+            assert self._device is not None
+            self._tuning = for_device(self._reference, self._device)
+        return self._tuning
+
+    @property
+    def plan_basis(self) -> str:
+        return repr(self.tuning)
+
+    def prebuild(self) -> Planner:
+        """The planner whose plans name the pre-built instances: this one where its tuning is known
+        without the driver, else the reference card's (a real GPU's other instances compile on first use)."""
+        return self if self._tuning is not None else Planner(self._fn, self._reference)
+
+    def __call__(self, **shape: Any) -> Launch:
+        return self._fn(self.tuning, **shape)
+
+    def __repr__(self) -> str:
+        return f"Planner({self._tuning!r})" if self._tuning is not None else f"Planner(unresolved, device {id(self._device):#x})"
+
+
+def check_shape(*, m: int, n: int, k: int, vec: int, max_m: int, what: str) -> None:
+    """Refuse, naming the limit, a shape no plan of the family takes (so a gate can refuse it first)."""
+    if not 1 <= m <= max_m:
+        raise ValueError(f"the {what} takes {'M = 1' if max_m == 1 else f'1 <= M <= {max_m}'}, got M={m}")
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"the {what} takes 1 <= N <= {MAX_N}, got N={n}")
+    if not vec <= k <= MAX_K:
+        raise ValueError(f"the {what} takes {vec} <= K <= {MAX_K}, got K={k}")
+    if k % vec:
+        raise ValueError(f"the {what} needs K to be a multiple of {vec} (16-byte loads), got K={k}")
 
 
 def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: int, split_k: bool) -> Launch:
     """Kernel, tiles and split-K for one call; pure, so it is tested on the CPU for every architecture.
 
     fp32 output (router GEMM, small-M linear) takes the tensor-core kernel; bf16 output at M = 1
-    (GEMV, FP8 GEMV) takes the SIMT kernel, whose row-contiguous loads stream HBM best.
+    (GEMV, FP8 GEMV) takes the SIMT kernel, whose row-contiguous loads stream HBM best. A shape no
+    kernel takes is a ``ValueError`` naming the limit.
     """
-    if not 1 <= m <= 16:
-        raise ValueError(f"the skinny-GEMM kernels take 1 <= M <= 16, got M={m}")
     vec = 16 if fp8 else 8
-    if k % vec:
-        raise ValueError(f"K={k} must be a multiple of {vec} for 16-byte loads")
+    mma = out == "float" and not fp8
+    check_shape(m=m, n=n, k=k, vec=vec, max_m=16 if mma else 1, what="skinny-GEMM kernel" if mma else "bf16-output GEMV kernel")
     tout = "float" if out == "float" else "__nv_bfloat16"
     f8 = "true" if fp8 else "false"
-    if out == "float" and not fp8:
+    if mma:
         rows = 8 * t.mma_nt
         groups = -(-n // rows)
         chunks = -(-k // 32)
@@ -120,37 +214,58 @@ def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: i
         mt = 1 if m <= 8 else 2
         expr = f"{t.prefix}_skinny_mma<{f8}, {tout}, {mt}, {t.mma_warps}, {t.mma_nt}, {ksplit}, {t.mma_unroll}, {scale}>"
         return Launch(expr, (groups, ksplit, 1), (t.mma_warps * 32, 1, 1), 0)
-    if m != 1:
-        raise ValueError(f"the bf16-output GEMV kernels take M = 1, got M={m}")
     rows = t.simt_warps * t.simt_rows
     groups = -(-n // rows)
     ksplit = 2 if split_k and groups < t.simt_split_below * t.sm_count and k // vec >= 64 else 1
-
-    def x_slice(ks: int) -> int:  # bytes of x each block stages in shared memory
-        return -(-(k // vec) // ks) * (2 if fp8 else 1) * 16
-
-    while split_k and x_slice(ksplit) > t.max_shared_bytes and ksplit < t.max_cluster:
-        ksplit *= 2  # a wider cluster split shrinks the slice until it fits
-    smem = x_slice(ksplit)
-    if smem > t.max_shared_bytes:
-        raise ValueError(f"x slice of {smem} bytes exceeds this SM's {t.max_shared_bytes} bytes of shared memory (K={k}, split-K {ksplit})")
     unroll = t.fp8_unroll if fp8 else t.simt_unroll
-    expr = f"{t.prefix}_gemv_simt<{f8}, {tout}, 1, {t.simt_warps}, {t.simt_rows}, {ksplit}, {unroll}, {scale}>"
+    xbytes = 32 if fp8 else 16  # x bytes per 16-byte weight vector
+    whole = -(-(k // vec) // ksplit) * xbytes  # bytes of x each block would stage whole
+    xchunk = 0
+    smem = whole
+    if whole > t.simt_x_whole_max:
+        batch = 32 * unroll  # weight vectors per warp batch: a chunk holds whole batches
+        xchunk = t.simt_x_chunk // 2 // xbytes // batch * batch  # two buffers
+        if xchunk < batch:
+            raise ValueError(
+                f"ArchTuning.simt_x_chunk={t.simt_x_chunk} bytes holds no two chunks of {batch} weight vectors ({t.prefix})"
+            )
+        smem = 2 * xchunk * xbytes
+    static = t.simt_warps * t.simt_rows * 4 if ksplit > 1 else 0  # the split-K reduction's buffer
+    if smem + static > t.max_shared_bytes:
+        raise ValueError(
+            f"the GEMV's x buffer ({smem} bytes) and reduction ({static} bytes) exceed the {t.max_shared_bytes} bytes "
+            f"of shared memory per block of this device ({t.prefix}, K={k}, split-K {ksplit})"
+        )
+    tail = f", {xchunk}" if xchunk else ""  # whole-slice instances keep their names (XCHUNK defaults to 0)
+    expr = f"{t.prefix}_gemv_simt<{f8}, {tout}, 1, {t.simt_warps}, {t.simt_rows}, {ksplit}, {unroll}, {scale}{tail}>"
     return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
 
 
-#: Decode GEMVs (M = 1): the projection shapes of common models (wider than the op table's sweep grids).
+#: Decode GEMVs (M = 1): the projection shapes of common models (wider than the op table's sweep
+#: grids), the long-K down projections whose x is streamed in chunks (Llama-3.1-70B K = 28672 at
+#: N = 8192, Qwen3-32B K = 25600 at N = 5120, a 32768-wide K at small N, which splits K) and the
+#: widest LM head of the model catalog (Llama-4, vocab 202048).
 GEMV_SHAPES: Final[tuple[Shape, ...]] = tuple(
     (1, n, k)
-    for n, k in ((2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168))
+    for n, k in (
+        (2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168),
+        (8192, 28672), (5120, 25600), (2048, 32768), (202048, 5120),
+    )
+)
+#: Router GEMMs of the model catalog (N experts 8..512 at hidden sizes 2048..7168: Mixtral, Llama-4,
+#: gpt-oss, Qwen3-MoE, GLM-4.5, DeepSeek-V3 / Kimi-K2), at the fewest and most tokens.
+ROUTER_SHAPES: Final[tuple[Shape, ...]] = tuple(
+    (m, n, k) for m in (1, 8, 16) for n in (8, 16, 32, 128, 160, 256, 384, 512) for k in (2048, 2880, 4096, 5120, 6144, 7168)
 )
 #: The ops the family's kernels compute, each with the (M, N, K) shapes whose instances ``hwprofile
 #: compile`` pre-builds (other shapes compile on first use). A registry of the family's own: which ops
 #: its kernels compute is no fact of the op table (an op's dtypes do not say what it computes). The
-#: fp32-output ops pre-build their sweep grid (M = 1..16 at the router / linear widths); the GEMVs
-#: the projection shapes of common models, bf16 and FP8 weights alike.
+#: fp32-output ops pre-build their sweep grid (M = 1..16 at the router / linear widths; the router
+#: also the catalog's routers); the GEMVs the projection shapes of common models, bf16 and FP8
+#: weights alike.
 PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType(
-    {"router_gemm": optable.get("router_gemm").grid, "linear_bf16_fp32": optable.get("linear_bf16_fp32").grid,
+    {"router_gemm": tuple(dict.fromkeys((*optable.get("router_gemm").grid, *ROUTER_SHAPES))),
+     "linear_bf16_fp32": optable.get("linear_bf16_fp32").grid,
      "gemv": GEMV_SHAPES, "fp8_gemv": GEMV_SHAPES}
 )
 
@@ -181,21 +296,24 @@ def prebuilt_instances(op: str, configure: Callable[..., Launch], shapes: tuple[
     return tuple(sorted(exprs))
 
 
-def kernel_specs(package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] | None = None) -> list[KernelSpec]:
+def kernel_specs(
+    package: str, source: str, t: ArchTuning, *, ops: tuple[str, ...] | None = None, device: _HasAttributes | None = None
+) -> list[KernelSpec]:
     """The op kernels of the skinny-GEMM family for one SM (``ops``, default every op of :data:`PREBUILT_SHAPES`).
 
-    ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call; the pre-built
-    instances are :func:`prebuilt_instances` of it.
+    ``configure(m=, n=, k=, split_k=, scale=)`` returns the launch for a call, planned for
+    ``device``'s SM count and shared memory when one is given (:class:`Planner`), for ``t`` as it
+    is otherwise; the pre-built instances are :func:`prebuilt_instances` of it.
     """
     specs = []
     for op in tuple(PREBUILT_SHAPES) if ops is None else ops:
         d = optable.get(op)  # dtypes and scale modes: declared once, in the op table
         if op not in PREBUILT_SHAPES:
             raise ValueError(f"the skinny-GEMM family has no kernel for op {op!r}; it computes {', '.join(PREBUILT_SHAPES)}")
-        configure = partial(_configure, t, d.scaled, d.kernel_out)
-        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure), configure, doc=_doc(d)))
+        configure = Planner(partial(_configure, fp8=d.scaled, out=d.kernel_out), t, device)
+        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure.prebuild()), configure, doc=_doc(d)))
     return specs
 
 
-def _configure(t: ArchTuning, fp8: bool, out: str, *, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE) -> Launch:
+def _configure(t: ArchTuning, *, fp8: bool, out: str, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE) -> Launch:
     return plan(t, m=m, n=n, k=k, fp8=fp8, out=out, scale=scale, split_k=split_k)

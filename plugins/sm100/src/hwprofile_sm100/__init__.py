@@ -12,7 +12,8 @@ from typing import Any
 from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, kernel_specs
 
 NAME = "sm100"
-# B200 has 148 SMs; B300 and GB300 at least as many. 227 KB opt-in shared memory per block.
+# B200 and B300 have 148 SMs, GB300 152: plans take the device's own count (kernel_specs(device=)), this
+# one only where it is unknown. 227 KB opt-in shared memory per block.
 TUNING = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, max_cluster=8, prefix="hwp100")
 _ARCH_LIST = {(10, 0): "10.0a", (10, 3): "10.3a"}
 
@@ -86,4 +87,5 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
-    return kernel_specs(__name__, "kernels/sm100_gemv.cu", TUNING)
+    """The shared skinny-GEMM family for sm_100a / sm_103a, planned for this device's SM count and shared memory."""
+    return kernel_specs(__name__, "kernels/sm100_gemv.cu", TUNING, device=device)

@@ -14,6 +14,8 @@ from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, Kerne
 
 NAME = "sm120"
 _SMEM = 99 * 1024  # opt-in shared memory per block on SM12x
+# The reference card of each capability; plans take the device's own SM count and shared memory
+# (kernel_specs(device=): an RTX 5090 has 170 SMs, not the RTX PRO 6000's 188), these only where unknown.
 _TUNING = {
     (12, 0): ArchTuning(sm_count=188, max_shared_bytes=_SMEM, max_cluster=8, prefix="hwp120"),  # RTX PRO 6000
     (12, 1): ArchTuning(sm_count=48, max_shared_bytes=_SMEM, max_cluster=8, prefix="hwp120"),  # DGX Spark GB10
@@ -90,5 +92,6 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
+    """The shared skinny-GEMM family for sm_120a / sm_121a, planned for this device's SM count and shared memory."""
     tuning = _TUNING.get(device.compute_capability, _TUNING[(12, 0)])
-    return kernel_specs(__name__, "kernels/sm120_gemv.cu", tuning)
+    return kernel_specs(__name__, "kernels/sm120_gemv.cu", tuning, device=device)

@@ -29,7 +29,9 @@ def hwprofile_arch() -> ArchSpec:
 # The sweeps recorded kernel 49c753f4f64a..., the source with the never-dispatched hwp90_gemv_bulk in it. Moving that
 # kernel to benchmarks/kernels/sm90_variants.cu left the code of every instance this plugin ships or plans
 # byte-identical for sm_90a (SASS and every per-kernel cubin section compared, with NVRTC 13.0 and 13.5), so the
-# shipped copies record the new source's digest, b8db0e617eea... (each file says so beside it);
+# shipped copies recorded the new source's digest. Adding the chunked-x GEMV instances for long K (2026-12-02) again
+# left every shipped or planned instance byte-identical (benchmarks/compare_instances.py) and the swept shapes' plans
+# unchanged, so they record this source's digest, 076d38e963e5... (each file says so beside it);
 # tests/test_sm90_stamps.py holds them equal to the raw sweeps in everything else.
 
 
@@ -89,7 +91,7 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
-    """sm_90a kernels (``kernels/sm90_gemv.cu``), planned per shape by :mod:`hwprofile_sm90.planning`."""
+    """sm_90a kernels (``kernels/sm90_gemv.cu``), planned per shape (and for this device's SMs) by :mod:`hwprofile_sm90.planning`."""
     from .planning import kernel_specs
 
-    return kernel_specs(__name__)
+    return kernel_specs(__name__, device)

@@ -12,22 +12,42 @@ from the variant sweeps on the H200 (``benchmarks/variants_sm90.py``, logs in ``
   split-K kernel (a 2-block cluster) fills the SMs best; otherwise ``hwp90_gemv``, a persistent
   grid of 2 blocks per SM that stages x once per block.
 * FP8 GEMV: the shared SIMT kernel (none of the sm90 variants beat it at every shape).
+* Long K: the shared SIMT kernel streams x through shared memory in chunks once a block's slice
+  passes 32 KB (K > 16384 bf16 without split-K), and takes the bf16 GEMV where ``hwp90_gemv`` cannot
+  keep two blocks' copies of x per SM.
+
+The SM count and shared memory are the device's (driver attributes; a simulated device's catalog).
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
-from hwprofile.plugin import NO_SCALE, PREBUILT_SHAPES, ArchTuning, KernelSpec, Launch, op_def, plan_skinny_gemm, prebuilt_instances
+from hwprofile.plugin import (
+    NO_SCALE,
+    PREBUILT_SHAPES,
+    ArchTuning,
+    KernelSpec,
+    Launch,
+    Planner,
+    check_kernel_shape,
+    op_def,
+    plan_skinny_gemm,
+    prebuilt_instances,
+)
+
+if TYPE_CHECKING:
+    from hwprofile.plugin import DeviceInfo
 
 SOURCE = "kernels/sm90_gemv.cu"
-SM_COUNT = 132  # H100 SXM and H200; an H100 PCIe (114 SMs) gets the same, still correct, plans
-MAX_SHARED = 227 * 1024
+SM_COUNT = 132  # H100 SXM and H200: the plan of a simulated device without a catalog entry
+MAX_SHARED = 227 * 1024  # opt-in shared memory per block on sm_90 (the source's kMaxSharedPerBlock)
 
 
-def tuning(sm_count: int = SM_COUNT) -> ArchTuning:
-    """The shared SIMT body's planning constants on sm_90 (entry points ``hwp90_gemv_simt``)."""
-    return ArchTuning(sm_count=sm_count, max_shared_bytes=MAX_SHARED, max_cluster=8, prefix="hwp90")
+def tuning(sm_count: int = SM_COUNT, max_shared: int = MAX_SHARED) -> ArchTuning:
+    """The planning constants on sm_90 (the shared SIMT body's entry points are ``hwp90_gemv_simt``)."""
+    return ArchTuning(sm_count=sm_count, max_shared_bytes=min(max_shared, MAX_SHARED), max_cluster=8, prefix="hwp90")
 
 
 TUNING = tuning()
@@ -42,11 +62,8 @@ def _b(v: bool) -> str:
 
 
 def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COUNT) -> Launch:
-    """fp32-output skinny GEMM (router GEMM, linear_bf16_fp32), 1 <= M <= 16."""
-    if not 1 <= m <= 16:
-        raise ValueError(f"the sm90 router kernel takes 1 <= M <= 16, got M={m}")
-    if k % 8:
-        raise ValueError(f"K={k} must be a multiple of 8 for 16-byte loads")
+    """fp32-output skinny GEMM (router GEMM, linear_bf16_fp32), 1 <= M <= 16, any N, K a multiple of 8."""
+    check_kernel_shape(m=m, n=n, k=k, vec=8, max_m=16, what="sm90 router kernel")
     mt = 1 if m <= 8 else 2
     chunks = -(-k // 32)
 
@@ -76,45 +93,51 @@ def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COU
     return Launch(expr, (groups, ksplit, 1), (warps * 32, 1, 1), shared_bytes=0, pdl=True)
 
 
-def plan_gemv(*, m: int, n: int, k: int, split_k: bool, fp8: bool = False, scale: int = NO_SCALE, sm_count: int = SM_COUNT) -> Launch:
-    """bf16-output GEMV, M = 1 (bf16 or FP8 weights)."""
-    if m != 1:
-        raise ValueError(f"the GEMV kernels take M = 1, got M={m}")
-    if fp8 or (split_k and n < 3 * sm_count * 8):
-        return plan_skinny_gemm(tuning(sm_count), m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
-    if k % 8:
-        raise ValueError(f"K={k} must be a multiple of 8 for 16-byte loads")
+def plan_gemv(
+    *, m: int, n: int, k: int, split_k: bool, fp8: bool = False, scale: int = NO_SCALE, t: ArchTuning = TUNING
+) -> Launch:
+    """bf16-output GEMV, M = 1 (bf16 or FP8 weights), planned for the SM count and shared memory of ``t``.
+
+    ``hwp90_gemv`` stages all of x once per block and wants 2 blocks per SM: it takes K while two
+    copies of x fit the shared memory of a block (K <= 58112); longer K, like small N and FP8, goes
+    to the shared SIMT kernel, which streams x through shared memory in chunks.
+    """
+    check_kernel_shape(m=m, n=n, k=k, vec=16 if fp8 else 8, max_m=1, what="sm90 GEMV kernel")
     smem = k * 2
-    if smem > MAX_SHARED:
-        raise ValueError(f"x of {smem} bytes exceeds the {MAX_SHARED} bytes of shared memory per block on sm_90 (K={k})")
+    if fp8 or (split_k and n < 3 * t.sm_count * 8) or smem * GEMV_BLOCKS_PER_SM > t.max_shared_bytes:
+        return plan_skinny_gemm(t, m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
     rows = GEMV_WARPS * GEMV_ROWS
     groups = -(-n // rows)
-    grid = min(groups, GEMV_BLOCKS_PER_SM * sm_count)
+    grid = min(groups, GEMV_BLOCKS_PER_SM * t.sm_count)
     expr = f"hwp90_gemv<false, {GEMV_WARPS}, {GEMV_ROWS}, {GEMV_UNROLL}, {scale}>"
     return Launch(expr, (grid, 1, 1), (GEMV_WARPS * 32, 1, 1), shared_bytes=smem)
 
 
-def _configure(kind: str, fp8: bool, *, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE) -> Launch:
+def _configure(
+    t: ArchTuning, *, kind: str, fp8: bool, m: int, n: int, k: int, split_k: bool, scale: int = NO_SCALE
+) -> Launch:
     if kind == "router":
-        return plan_router(m=m, n=n, k=k, split_k=split_k)
-    return plan_gemv(m=m, n=n, k=k, split_k=split_k, fp8=fp8, scale=scale)
+        return plan_router(m=m, n=n, k=k, split_k=split_k, sm_count=t.sm_count)
+    return plan_gemv(m=m, n=n, k=k, split_k=split_k, fp8=fp8, scale=scale, t=t)
 
 
-def kernel_specs(package: str) -> list[KernelSpec]:
+def kernel_specs(package: str, device: DeviceInfo | None = None) -> list[KernelSpec]:
     """The family's four op kernels for sm_90a, with its pre-built shapes' instances (``hwprofile compile``).
 
     The fp32-output ops (router GEMM, small-M linear) take ``hwp90_router``, the M = 1 GEMVs
-    :func:`plan_gemv`; which op is which, and which is FP8, is the op table's.
+    :func:`plan_gemv`; which op is which, and which is FP8, is the op table's. Plans use ``device``'s
+    SM count and shared memory (an H100 PCIe has 114 SMs, not the H200's 132; a real GPU's read from
+    the driver on the first plan, see ``hwprofile.plugin.Planner``); without one, the H200's.
     """
     specs = []
     for op in PREBUILT_SHAPES:  # the ops the skinny-GEMM family computes
         d = op_def(op)
         kind = "router" if d.out_dtype == "float32" else "gemv"
-        configure = partial(_configure, kind, d.scaled)
+        configure = Planner(partial(_configure, kind=kind, fp8=d.scaled), TUNING, device)
         doc = (
             f"hwp90_router: {d.x_dtype} x {d.w_dtype} -> float32, M = 1..16 (PDL, cluster split-K)"
             if kind == "router"
             else f"GEMV M = 1, {d.w_dtype} weights{' x scale' if d.scaled else ''}, fp32 accumulation -> {d.out_dtype}"
         )
-        specs.append(KernelSpec(op, package, SOURCE, prebuilt_instances(op, configure), configure, doc=doc))
+        specs.append(KernelSpec(op, package, SOURCE, prebuilt_instances(op, configure.prebuild()), configure, doc=doc))
     return specs

@@ -217,6 +217,14 @@ __device__ __forceinline__ void skinny_gemm(TOut* __restrict__ out, const __nv_b
 // pattern HBM streams best). x's K slice is staged in shared memory once per block; the first
 // batch of weight loads is issued before that staging, and each later batch is issued before the
 // previous one is consumed (register double buffer), so the weight stream never waits on x.
+// XCHUNK = 0 stages the whole slice (M * slice * 2 bytes). XCHUNK > 0 (weight vectors, a multiple
+// of the batch 32 * U) streams x through two buffers of that many vectors per token: a long K (a
+// 32768-wide down projection is 64 KB of x) would otherwise take so much shared memory per block
+// that few blocks fit on an SM and too few weight loads are in flight. The buffers are filled by
+// cp.async (global -> shared without registers, so the double-buffered weights keep theirs) one
+// chunk ahead: entering chunk c, the block waits for its copy (issued when chunk c-1 began) and
+// one __syncthreads, then starts copying chunk c+1 into the buffer chunk c-1 has left. A batch
+// never straddles two chunks, and the next batch's weight loads are in flight across the wait.
 // ---------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float2 bf2_to_f2(unsigned v) {
@@ -227,6 +235,16 @@ __device__ __forceinline__ float2 e4m3x2_to_f2(unsigned short v) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
   return __half22float2(*reinterpret_cast<__half2*>(&h));
 }
+
+// 16 bytes global -> shared, asynchronously (sm_80+: every target here), cached in L2 only; completion
+// is per thread, by commit group.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
 
 template <bool FP8>
 __device__ __forceinline__ float dot_vec(const uint4& wv, const uint4* xs, float a) {
@@ -255,12 +273,13 @@ __device__ __forceinline__ float dot_vec(const uint4& wv, const uint4* xs, float
   return a;
 }
 
-template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
+template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int XCHUNK = 0>
 __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x,
                                           const void* __restrict__ w, const float* __restrict__ scale,
                                           int N, int K, uint4* xs) {
   constexpr int VEC = FP8 ? 16 : 8;   // weight elements per 16-byte vector
   constexpr int XV = FP8 ? 2 : 1;     // 16-byte x vectors per weight vector
+  static_assert(XCHUNK >= 0 && XCHUNK % (32 * U) == 0, "an x chunk holds whole batches of 32 * U weight vectors");
   __shared__ float red[KSPLIT > 1 ? WARPS * ROWS * M : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kvec = K / VEC;
@@ -285,9 +304,30 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
       cur[u][r] = ok ? t : zero;
     }
 
-  for (int i = threadIdx.x; i < M * nv * XV; i += WARPS * 32) {  // stage x[:, slice] while weights fly
-    const int m = i / (nv * XV), j = i - m * (nv * XV);
-    xs[i] = load_reused(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + v0 * XV + j);
+  // Chunked: chunk c (weight vectors [c * XCHUNK, (c + 1) * XCHUNK) of the slice) lives in buffer
+  // c & 1; `cb` is the first vector of the chunk being consumed (block-uniform: every warp walks the
+  // same v), `ch` its number.
+  constexpr bool CHUNKED = XCHUNK > 0;
+  constexpr int XBUF = CHUNKED ? M * XCHUNK * XV : 1;  // uint4 per buffer
+  int cb = 0, ch = 0;
+  auto stage = [&](int c) {  // chunk c -> buffer c & 1 by cp.async, one commit group (empty past the slice)
+    const int base = c * XCHUNK, len = max(0, min(XCHUNK, nv - base)) * XV;
+    uint4* buf = xs + (c & 1) * XBUF;
+    for (int i = threadIdx.x; i < M * len; i += WARPS * 32) {
+      const int m = M == 1 ? 0 : i / len, j = i - m * len;
+      cp_async16(buf + m * XCHUNK * XV + j, reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + (v0 + base) * XV + j);
+    }
+    cp_async_commit();
+  };
+  if constexpr (CHUNKED) {
+    stage(0);  // while the first weights fly
+    stage(1);
+    cp_async_wait<1>();  // chunk 0 is in (chunk 1 may still be in flight)
+  } else {
+    for (int i = threadIdx.x; i < M * nv * XV; i += WARPS * 32) {  // stage x[:, slice] while weights fly
+      const int m = i / (nv * XV), j = i - m * (nv * XV);
+      xs[i] = load_reused(reinterpret_cast<const uint4*>(x + static_cast<size_t>(m) * K) + v0 * XV + j);
+    }
   }
   __syncthreads();
 
@@ -310,13 +350,25 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
           nxt[u][r] = ok ? t : zero;
         }
     }
+    if constexpr (CHUNKED) {
+      if (v - lane >= cb + XCHUNK) {  // `cur` starts the next chunk
+        cb += XCHUNK;
+        ++ch;
+        cp_async_wait<0>();  // this thread's part of chunk ch is in
+        __syncthreads();     // everyone's is, and every warp is done with chunk ch - 1
+        stage(ch + 1);       // into the buffer chunk ch - 1 has left
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (v + 32 * u < nv) {
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) acc[r][m] = dot_vec<FP8>(cur[u][r], xs + (m * nv + v + 32 * u) * XV, acc[r][m]);
+          for (int r = 0; r < ROWS; ++r) {
+            const uint4* xv = CHUNKED ? xs + (ch & 1) * XBUF + (m * XCHUNK + v - cb + 32 * u) * XV : xs + (m * nv + v + 32 * u) * XV;
+            acc[r][m] = dot_vec<FP8>(cur[u][r], xv, acc[r][m]);
+          }
       }
     }
     if (!more) break;
@@ -326,6 +378,7 @@ __device__ __forceinline__ void simt_gemv(TOut* __restrict__ out, const __nv_bfl
       for (int r = 0; r < ROWS; ++r) cur[u][r] = nxt[u][r];
     v = vn;
   }
+  if constexpr (CHUNKED) cp_async_wait<0>();  // no copy outlives the loop (the last group is empty: no wait)
 
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)

@@ -14,8 +14,8 @@
 //
 // which declares, with static_asserts against those limits:
 //   <P>_skinny_mma<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>  tensor cores, M <= 16; grid (ceil(N / 8NT), KSPLIT)
-//   <P>_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>  SIMT, M = 1; grid (ceil(N / (WARPS*ROWS)), KSPLIT),
-//                                                              dynamic shared memory = the staged x slice
+//   <P>_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE[, XCHUNK]>  SIMT, M = 1; grid (ceil(N / (WARPS*ROWS)), KSPLIT),
+//       dynamic shared memory = the staged x slice, or (XCHUNK > 0) an x buffer of XCHUNK weight vectors per token
 // <P> is the ArchTuning prefix the plan (hwprofile.kernels.skinny_gemm.plan) writes into its name
 // expressions. Both take the kernels' common arguments (out, x, w, scale, M, N, K) and are clusters
 // of KSPLIT blocks along grid.y. The dynamic shared memory (the GEMV's staged x slice) is not known
@@ -42,13 +42,13 @@ __device__ __forceinline__ void skinny_mma_entry(TOut* __restrict__ out, const _
   skinny_gemm<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, w, scale, M, N, K);
 }
 
-template <class L, bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
+template <class L, bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int XCHUNK>
 __device__ __forceinline__ void gemv_simt_entry(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x,
                                                 const void* __restrict__ w, const float* __restrict__ scale, int N, int K,
                                                 uint4* xs) {
   check_entry_limits<L, WARPS, KSPLIT>();
   static_assert(WARPS * ROWS * M * 4 <= L::kMaxStaticShared, "static shared memory of the split-K reduction");
-  simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, xs);
+  simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE, XCHUNK>(out, x, w, scale, N, K, xs);
 }
 
 }  // namespace hwp
@@ -61,10 +61,10 @@ __device__ __forceinline__ void gemv_simt_entry(TOut* __restrict__ out, const __
                  const float* __restrict__ scale, int M, int N, int K) {                                            \
     ::hwp::skinny_mma_entry<L, FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, w, scale, M, N, K);              \
   }                                                                                                                 \
-  template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>                     \
+  template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int XCHUNK = 0>     \
   __global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)                                     \
   P##_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,            \
                 const float* __restrict__ scale, int /*M*/, int N, int K) {                                         \
     extern __shared__ uint4 P##_xs[]; /* the plan caps it at L::kMaxSharedPerBlock minus the static part */        \
-    ::hwp::gemv_simt_entry<L, FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, P##_xs);        \
+    ::hwp::gemv_simt_entry<L, FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE, XCHUNK>(out, x, w, scale, N, K, P##_xs); \
   }

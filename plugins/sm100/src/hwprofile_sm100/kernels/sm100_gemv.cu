@@ -11,9 +11,9 @@
 //  * thread-block clusters of up to 8 blocks (portable on sm_100) with distributed shared memory
 //    for split-K, so a small N still spreads over the 148 SMs.
 // The entry points hwp100_skinny_mma and hwp100_gemv_simt are hwprofile/skinny_entry.cuh's, with
-// static_asserts against the limits below; the dynamic shared memory (the GEMV's staged x slice)
-// is checked by the plan (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp100") against the
-// same 227 KB.
+// static_asserts against the limits below; the dynamic shared memory (the GEMV's x slice, staged
+// whole up to 32 KB and streamed through two 8 KB buffers past that) is checked by the plan
+// (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp100") against the same 227 KB.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 1000) && (__CUDA_ARCH__ != 1030)
 #error "hwprofile-sm100 kernels are built for sm_100a / sm_103a only"
 #endif

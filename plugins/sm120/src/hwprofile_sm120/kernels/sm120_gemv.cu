@@ -13,8 +13,9 @@
 //    PRO 6000, 48 on DGX Spark).
 // The entry points hwp120_skinny_mma and hwp120_gemv_simt are hwprofile/skinny_entry.cuh's, with
 // static_asserts against the limits below. SM12x has about 99 KB of shared memory per block: the
-// plan (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp120", max_shared_bytes = 99 KB)
-// splits K over the cluster when the GEMV's staged x slice would not fit.
+// plan (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp120", max_shared_bytes = 99 KB, or less
+// where the device reports less) stages the GEMV's x slice whole up to 32 KB and streams it through
+// two 8 KB buffers in chunks past that, so no K is too long for the shared memory.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 1200) && (__CUDA_ARCH__ != 1210)
 #error "hwprofile-sm120 kernels are built for sm_120a / sm_121a only"
 #endif

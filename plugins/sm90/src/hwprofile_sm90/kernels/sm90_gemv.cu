@@ -13,7 +13,8 @@
 //    (3.3-5.0 us without that overlap) against 3.8-5.3 us before.
 //  * hwp90_gemv (bf16 GEMV, M = 1, N >= 3 row groups per SM): persistent SIMT kernel, x staged
 //    once per block, the register double buffer runs across row groups.
-//  * hwp90_gemv_simt: the shared SIMT body (split-K over a 2-block cluster for small N; FP8).
+//  * hwp90_gemv_simt: the shared SIMT body (split-K over a 2-block cluster for small N; FP8; and a
+//    long K, whose x it streams through shared memory in chunks instead of staging it whole).
 // Measured, not dispatched, and kept out of this file (every shipped threshold's stamp digests it):
 // hwp90_gemv_bulk, weight streaming by cp.async.bulk into a shared-memory ring (the "TMA" design),
 // 1.5-4.0 TB/s against 2.6-3.9 for the SIMT kernels at the same shapes (variants rounds 1-3), lives
@@ -303,8 +304,9 @@ __device__ __forceinline__ void gemv_simt(__nv_bfloat16* __restrict__ out, const
 // Entry points. Name expressions:
 //   hwp90_router<MT, WARPS, NT, KSPLIT, U, PF, PUSH, MINB>  grid (ceil(N / 8NT), KSPLIT), block WARPS*32
 //   hwp90_gemv<FP8, WARPS, ROWS, U, SCALE[, LD]>        grid <= ceil(N / (WARPS*ROWS)) (persistent), dynamic smem = x (K * 2 bytes)
-//   hwp90_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>  the shared SIMT body (hwprofile/gemv.cuh):
-//       split-K over a cluster for small N, and the FP8 GEMV; grid (ceil(N / (WARPS*ROWS)), KSPLIT)
+//   hwp90_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE[, XCHUNK]>  the shared SIMT body (hwprofile/gemv.cuh):
+//       split-K over a cluster for small N, the FP8 GEMV, and a K too long to stage x whole (XCHUNK > 0:
+//       x streamed through shared memory in chunks); grid (ceil(N / (WARPS*ROWS)), KSPLIT)
 // MINB (blocks per SM for __launch_bounds__) caps a thread at 64K / (MINB * WARPS * 32) registers.
 // Blocks of the next PDL-launched call can only start beside this call's blocks if registers are
 // left: without a cap, ptxas gave the 16-warp tile 90 registers and the overlap was lost (4.5 us
@@ -321,12 +323,13 @@ template <bool FP8, int WARPS, int ROWS, int U, int SCALE, int LD = 0>
 __global__ void __launch_bounds__(WARPS * 32)
 hwp90_gemv(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
            const float* __restrict__ scale, int /*M*/, int N, int K) {
-  // dynamic shared memory (all of x) is checked against 227 KB by hwprofile_sm90.planning.plan_gemv
+  // dynamic shared memory (all of x): hwprofile_sm90.planning.plan_gemv takes this kernel only while two
+  // blocks' copies fit the device's shared memory per block (2 blocks per SM), the chunked SIMT kernel past it
   extern __shared__ uint4 hwp90_xs[];
   hwp90::gemv_simt<FP8, WARPS, ROWS, U, SCALE, LD>(out, x, w, scale, N, K, hwp90_xs);
 }
 
-template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE>
+template <bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int XCHUNK = 0>
 __global__ void __launch_bounds__(WARPS * 32) __cluster_dims__(1, KSPLIT, 1)
 hwp90_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, const void* __restrict__ w,
                 const float* __restrict__ scale, int /*M*/, int N, int K) {
@@ -336,5 +339,5 @@ hwp90_gemv_simt(TOut* __restrict__ out, const __nv_bfloat16* __restrict__ x, con
   // dynamic shared memory (the staged x slice) is checked against 227 KB by hwprofile.kernels.skinny_gemm.plan
   // (the ArchTuning of hwprofile_sm90.planning.tuning)
   extern __shared__ uint4 hwp90_xs[];
-  hwp::simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE>(out, x, w, scale, N, K, hwp90_xs);
+  hwp::simt_gemv<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE, XCHUNK>(out, x, w, scale, N, K, hwp90_xs);
 }
