@@ -17,6 +17,8 @@ from hwprofile.kernels import limits
 from hwprofile.kernels.skinny_gemm import PREBUILT_SHAPES
 from hwprofile.optable import OPS
 
+from .spills import known_spills
+
 ROOT = Path(__file__).resolve().parents[2]
 #: one simulated device per compute capability, read from the catalog (never a hand-made list)
 SIMS = sorted({e.compute_capability: name for name, e in reversed(catalog.CATALOG.items())}.values())
@@ -101,15 +103,6 @@ def test_every_plan_of_every_target_fits_its_limits(sim: str) -> None:
             assert limits.check(prof.target, la.grid, la.block, la.shared_bytes, cluster=la.grid[1]) == [], (sim, op, la)
 
 
-def _known_spills(major: int) -> dict[tuple[str, str], int]:
-    out = {}
-    for line in (ROOT / ".ci" / "known-spills.txt").read_text().splitlines():
-        f = line.split("#", 1)[0].split()
-        if f and int(f[0]) == major:
-            out[(f[1], f[2])] = int(f[3])
-    return out
-
-
 @pytest.mark.parametrize("sim", SIMS)
 def test_compiled_instances_fit_registers_spills_and_static_shared_memory(sim: str) -> None:
     """Every instance any plan names, compiled for its target: registers, spills, static + the largest dynamic shared memory."""
@@ -117,7 +110,7 @@ def test_compiled_instances_fit_registers_spills_and_static_shared_memory(sim: s
     from hwprofile.kernels import _pipeline as jit
 
     prof = _profile(sim)
-    known = _known_spills(jit.nvrtc_version()[0])
+    known = known_spills(jit.nvrtc_version())
     for (op, expr), launches in sorted(_plans(prof).items()):
         c = jit.compile_spec(prof.kernels[op], prof.target, (expr,))
         regs = limits.registers(c.log)

@@ -16,6 +16,8 @@ from hwprofile.kernels.skinny_gemm import MAX_K, MAX_N, PREBUILT_SHAPES, ArchTun
 from hwprofile.kernels.spec import Launch
 from hwprofile.optable import OPS
 
+from .spills import known_spills
+
 SIMS = {"h200": "hwp90", "gb300": "hwp100", "rtx-pro-6000": "hwp120", "dgx-spark": "hwp120"}
 ROUTER = [(m, n, k) for m in range(1, 17) for n in (1, 100, 256, 384, 4096) for k in (16, 7168)]
 
@@ -260,10 +262,12 @@ def test_new_instances_compile_without_spills(sim: str, monkeypatch: pytest.Monk
     hwprofile.reset()
     p = hwprofile.profile(0)
     assert p.target == TARGET_SIMS[sim]
+    known = known_spills(jit.nvrtc_version())  # what .ci/known-spills.txt accepts for this NVRTC (none for 13.5)
     for op, exprs in new_shape_launches(p).items():
         compiled = jit.compile_spec(p.kernels[op], p.target, tuple(sorted(exprs)))
         assert compiled.cubin[:4] == b"\x7fELF" and set(exprs) <= set(compiled.lowered), op
-        assert compiled.spill_bytes in (None, 0), f"{op} spills {compiled.spill_bytes} bytes on {p.target}"
+        allowed = known.get((p.target, op), 0)
+        assert (compiled.spill_bytes or 0) <= allowed, f"{op} spills {compiled.spill_bytes} bytes on {p.target} (accepted: {allowed})"
 
 
 @pytest.mark.parametrize(("real", "reference"), [("gb300", "b300"), ("rtx-5090", "rtx-pro-6000")])
