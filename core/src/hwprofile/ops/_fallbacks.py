@@ -86,6 +86,38 @@ def fp8_dequant_mm(x: Any, w: Any, scale: Any) -> Any:
     return acc.to(torch.bfloat16)
 
 
+def probe_mm_out_dtype(index: int) -> None:
+    """Settle whether ``torch.mm(..., out_dtype=)`` works on CUDA device ``index``, with a real 1x8 tensor.
+
+    Called while ``torch.compile`` traces a fallback route (``_dispatch``): the traced fallback then
+    reads a settled answer instead of tracing the probe's try/except.
+    """
+    if _mm_out_dtype is None:
+        t = _torch.zeros((1, 8), dtype=_torch.bfloat16, device=f"cuda:{index}")
+        mm_fp32(t, t)
+
+
+def gemm_backward(g: Any, x: Any, w: Any, scale: Any, need_x: bool, need_w: bool) -> tuple[Any, Any]:
+    """Gradients of ``y = x . (w * scale)^T`` (every op of the table is one) in float32 accumulation, one rounding.
+
+    ``g`` is ``dL/dy`` ``[..., N]`` in the op's output dtype; ``x [..., K]``, ``w [N, K]``, ``scale``
+    None or per tensor / per row. Returns ``(dL/dx in x's dtype, dL/dw in w's dtype)`` (None where
+    not needed). The weight's gradient of a scaled op is not defined here (the op refuses it).
+    """
+    torch = _torch
+    n, k = w.shape
+    g2 = g.reshape(-1, n).float()
+    gx = gw = None
+    if need_x:
+        wf = w.to(torch.bfloat16).float() if w.element_size() == 1 else w.float()  # e4m3 -> bf16 is exact
+        if scale is not None:
+            wf = wf * (scale.reshape(-1, 1) if scale.numel() == n and n != 1 else scale.reshape(()))
+        gx = (g2 @ wf).to(x.dtype).reshape(x.shape)
+    if need_w:
+        gw = (g2.t() @ x.reshape(-1, k).float()).to(w.dtype)
+    return gx, gw
+
+
 #: op name -> its fallback on 2-D contract operands; keyed by the op table (``hwprofile.optable.OPS``)
 FALLBACKS: dict[str, Callable[..., Any]] = {
     ROUTER_GEMM.name: mm_fp32,
