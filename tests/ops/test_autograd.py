@@ -109,7 +109,7 @@ def test_out_cannot_carry_gradients() -> None:
         ops.router_gemm(h, w, out=torch.empty(3, 8))
 
 
-@pytest.mark.skipif(DEVICE.name in os.environ, reason="inductor compiles C++ (~15 s on 2 cores): once, in the leg without a simulated device")
+@pytest.mark.skipif(DEVICE.name in os.environ, reason="inductor compiles C++: once, in the leg without a simulated device")
 @pytest.mark.hwprofile_per_device
 def test_gradients_under_inductor() -> None:
     torch._dynamo.reset()

@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "decide", "fallback", "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate", "register",
-    "reset_dispatch", "route", "router_gemm", "run_kernel",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "decide", "fallback", "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate",
+    "register", "reset_dispatch", "route", "router_gemm", "run_kernel",
 ]
 
 _call = _dispatch.call
@@ -125,7 +125,9 @@ def _check_gate(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, t
         raise ValueError(f"moe_gate: N={n} experts (weight rows) do not split into n_group={n_group} equal groups")
     per = n // n_group
     if n_group > 1 and per < 2:
-        raise ValueError(f"moe_gate: a group's score sums its top-2 experts, so groups need >= 2 experts; got {per} (N={n}, n_group={n_group})")
+        raise ValueError(
+            f"moe_gate: a group's score sums its top-2 experts, so groups need >= 2 experts; got {per} (N={n}, n_group={n_group})"
+        )
     if topk_group > n_group:
         raise ValueError(f"moe_gate: topk_group={topk_group} > n_group={n_group}")
     if top_k > topk_group * per:
@@ -137,7 +139,9 @@ def _check_gate(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, t
         if bias.device != weight.device:
             raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
         if bias.requires_grad and torch.is_grad_enabled():
-            raise ValueError("moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it")
+            raise ValueError(
+                "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
+            )
     return int(n)
 
 

@@ -324,8 +324,8 @@ def _not_bound() -> bool:
 
 _compiling: Callable[[], bool] = _not_bound  # torch.compiler.is_compiling once bound
 _grad_enabled: Callable[[], bool] = _not_bound  # torch.is_grad_enabled once bound
-_static: Callable[[Any], bool] = _not_bound  # torch.fx.experimental.symbolic_shapes.has_static_value once bound
-_traced_gate: Callable[..., str | None] = _not_bound  # _trace_gate under torch.compiler.assume_constant_result
+_static: Callable[..., bool] = _not_bound  # torch.fx.experimental.symbolic_shapes.has_static_value once bound
+_traced_gate: Callable[..., Any] = _not_bound  # _trace_gate under torch.compiler.assume_constant_result
 
 
 def bind(torch: Any) -> None:
