@@ -13,8 +13,18 @@ fp8_gemv            x [..., K] bf16, w [N, K] float8_e4m3fn, scale fp32   [..., 
 ==================  ====================================================  =========================
 
 Every op takes ``out=`` (a preallocated result of exactly that shape and dtype, written and
-returned), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
-K = 0 gives zeros) and strided weights (a row stride other than K: the fallback takes them).
+returned; one that overlaps an input is computed through a temporary, one whose elements overlap
+is a ValueError), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
+K = 0 gives zeros) and strided, expanded or overlapping inputs (the fallback takes what is not
+contiguous). Gradients: every op's backward is the fallback's math in fp32 accumulation
+(``_library``); fp8_gemv has one for ``x`` only and refuses a ``w`` or ``scale`` that requires grad
+(``OpDef.grads``). Under ``torch.compile`` with static shapes the route is decided while tracing
+(a fallback route is plain torch in the graph); see ``_dispatch._compiled``.
+
+:func:`moe_gate` (DeepSeek-V3 / Kimi-K2 gate step) is not an op-table entry: it is router_gemm's
+entry (routed like it) followed by the torch selection ``_fallbacks.grouped_topk``; the op table's
+contract (``x . w^T -> [..., N]``, one kernel ABI) does not describe a gate, and no plugin has a
+fused gate kernel yet.
 
 The package, one concern a module:
 

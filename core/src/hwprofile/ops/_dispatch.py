@@ -12,7 +12,9 @@ benchmarks/RESULTS.md (Current, "eager fallback path") has the op's own cost at 
 H200 and +1.26 to +3.61 µs end to end on host-bound shapes: not met. Anything else goes through
 :func:`general`, which validates (errors name the argument), flattens batch dimensions and fills
 ``out``. Under ``torch.compile``
-:func:`call` hands the call to the op's ``torch.ops.hwprofile.<op>`` custom op (``_library``).
+:func:`call` routes while tracing (:func:`_compiled`): a fallback route is the fallback's torch ops
+in the graph, a kernel route or a dynamic shape the ``torch.ops.hwprofile.<op>`` custom op
+(``_library``). A call that needs gradients goes through the custom op and its autograd formula.
 
 A kernel that fails to build or load warns once and the op falls back from then on
 (``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
