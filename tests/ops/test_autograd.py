@@ -155,3 +155,9 @@ def test_gradients_on_the_gpu_kernel_path(monkeypatch: pytest.MonkeyPatch, name:
             assert a.grad is not None, f"{name}: no gradient for {arg}"
             assert float((a.grad.double().cpu() - ref).norm() / ref.norm()) < 4e-3
     ops.reset_dispatch()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_opcheck_autograd_registration(name: str) -> None:
+    """torch.library.opcheck: the autograd registration is the one torch expects of a custom op."""
+    torch.library.opcheck(getattr(torch.ops.hwprofile, name).default, leaves(name, (3,), 8, 64), test_utils=("test_autograd_registration",))
