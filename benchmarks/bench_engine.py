@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 import hwprofile
 from hwprofile import ops
+from hwprofile.optable import OPS
 
 OUT = Path(os.environ.get("OUT", "out"))
 dev = torch.device("cuda:0")
@@ -138,18 +139,16 @@ def eager_overhead(rows: list[dict[str, Any]]) -> None:
     w = torch.randn(256, k, device=dev).bfloat16()
     w8 = (torch.randn(256, k, device=dev) * 2).to(torch.float8_e4m3fn)
     s = torch.tensor([0.5], device=dev)
-    cases = {  # M = 32: above every op's kernel region on the sm90 profile (decide() says, per row)
-        "router_gemm": (x32, w), "linear_bf16_fp32": (x32, w), "gemv": (x32, w), "fp8_gemv": (x32, w8, s),
-    }
     prof = hwprofile.profile(0)
-    for op, args in cases.items():
-        d = ops.decide(op, prof, m=args[0].shape[0], n=args[1].shape[0], k=k)
+    for op, d in OPS.items():  # M = 32: above every op's kernel region on the sm90 profile (decide() says, per row)
+        args = (x32, w8, s) if d.scaled else (x32, w)
+        dec = ops.decide(op, prof, m=args[0].shape[0], n=args[1].shape[0], k=k)
         fn, fb = getattr(ops, op), ops.fallback(op)
         t_op = statistics.median(wall(lambda f=fn, a=args: f(*a), 2000) for _ in range(5))
         t_fb = statistics.median(wall(lambda f=fb, a=args: f(*a), 2000) for _ in range(5))
-        rows.append({"workload": f"eager fallback {op}", "mode": "eager", "op_us": t_op, "fallback_us": t_fb, "path": d.path})
+        rows.append({"workload": f"eager fallback {op}", "mode": "eager", "op_us": t_op, "fallback_us": t_fb, "path": dec.path})
         print(
-            f"eager fallback {op:18s} op {t_op:7.2f} us   fallback {t_fb:7.2f} us   +{t_op - t_fb:5.2f} us  ({d.path}: {d.reason})",
+            f"eager fallback {op:18s} op {t_op:7.2f} us   fallback {t_fb:7.2f} us   +{t_op - t_fb:5.2f} us  ({dec.path}: {dec.reason})",
             flush=True,
         )
 
