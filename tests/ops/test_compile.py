@@ -124,7 +124,9 @@ def test_compile_inductor() -> None:
         return ops.fp8_gemv(x, w, s).float().relu() + 1
 
     a = args_for("fp8_gemv", lead=(1,))
-    assert torch.allclose(torch.compile(f, fullgraph=True)(*a), f(*a))
+    # the fallback route is plain torch in the graph now, and inductor fuses the bf16 result's
+    # rounding away (its default, as for any torch code): equal up to one bf16 rounding
+    assert torch.allclose(torch.compile(f, fullgraph=True)(*a), f(*a), rtol=2.0**-8, atol=0)
 
 
 def _run(code: str) -> str:

@@ -35,6 +35,7 @@ class OpDef:
         "args",
         "doc",
         "fallback",
+        "grads",
         "grid",
         "k_multiple",
         "k_vec",
@@ -74,12 +75,15 @@ class OpDef:
     threshold: str  #: what a sweep chooses: "max_tokens" (a prefix in M) or "box" (an N x K box at M = 1)
     grid: tuple[tuple[int, int, int], ...]  #: default sweep grid (M, N, K), and the grid a stamp's launch-plan digest covers
     settings: tuple[SettingDecl, ...]  #: the op's settings, declared here once
+    #: the arguments that get gradients (the fallback's math, fp32 accumulation); an argument not
+    #: named here that requires grad in grad mode is refused with an error naming the op and argument
+    grads: tuple[str, ...]
 
     def __init__(
         self, name: str, doc: str, *, args: tuple[str, ...], w_dtype: str, out_dtype: str, fallback: str,
         max_m: Bound, min_n: Bound, max_n: Bound, min_k: Bound, max_k: Bound, threshold: str, grid: tuple[tuple[int, int, int], ...],
         settings: tuple[SettingDecl, ...], n_multiple: Bound = 1, k_multiple: Bound = 1, roof: tuple[Bound, Bound] | None = None,
-        x_dtype: str = "bfloat16", scale_modes: tuple[int, ...] = (NO_SCALE,),
+        x_dtype: str = "bfloat16", scale_modes: tuple[int, ...] = (NO_SCALE,), grads: tuple[str, ...] | None = None,
     ) -> None:
         self.name, self.doc, self.args = name, doc, args
         self.x_dtype, self.w_dtype, self.out_dtype, self.scale_modes = x_dtype, w_dtype, out_dtype, scale_modes
@@ -90,6 +94,9 @@ class OpDef:
         if threshold not in ("max_tokens", "box"):
             raise ValueError(f"op {name}: threshold kind {threshold!r} is not 'max_tokens' or 'box'")
         self.threshold, self.grid, self.settings = threshold, grid, settings
+        self.grads = args[:2] if grads is None else grads
+        if not set(self.grads) <= set(args):
+            raise ValueError(f"op {name}: grads {self.grads} names an argument not in {args}")
         declared = {s[0] for s in settings}
         for b in (max_m, min_n, max_n, n_multiple, min_k, max_k, k_multiple, *(roof or ())):
             if isinstance(b, str) and b not in declared:
@@ -278,6 +285,7 @@ FP8_GEMV = OpDef(
     roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
     threshold="box",
     grid=_FP8_GRID,
+    grads=("x",),  # an e4m3 weight and its scale are quantised, frozen: a gradient for them is refused
     settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv")),
 )
 

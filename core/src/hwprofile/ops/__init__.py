@@ -13,8 +13,18 @@ fp8_gemv            x [..., K] bf16, w [N, K] float8_e4m3fn, scale fp32   [..., 
 ==================  ====================================================  =========================
 
 Every op takes ``out=`` (a preallocated result of exactly that shape and dtype, written and
-returned), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
-K = 0 gives zeros) and strided weights (a row stride other than K: the fallback takes them).
+returned; one that overlaps an input is computed through a temporary, one whose elements overlap
+is a ValueError), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
+K = 0 gives zeros) and strided, expanded or overlapping inputs (the fallback takes what is not
+contiguous). Gradients: every op's backward is the fallback's math in fp32 accumulation
+(``_library``); fp8_gemv has one for ``x`` only and refuses a ``w`` or ``scale`` that requires grad
+(``OpDef.grads``). Under ``torch.compile`` with static shapes the route is decided while tracing
+(a fallback route is plain torch in the graph); see ``_dispatch._compiled``.
+
+:func:`moe_gate` (DeepSeek-V3 / Kimi-K2 gate step) is not an op-table entry: it is router_gemm's
+entry (routed like it) followed by the torch selection ``_fallbacks.grouped_topk``; the op table's
+contract (``x . w^T -> [..., N]``, one kernel ABI) does not describe a gate, and no plugin has a
+fused gate kernel yet.
 
 The package, one concern a module:
 
@@ -48,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _env
 from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
-from . import _dispatch, _kernel, _library
+from . import _dispatch, _fallbacks, _kernel, _library
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
 from ._fallbacks import FALLBACKS
 from ._kernel import NotWarmedError
@@ -59,7 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "fallback", "fp8_gemv", "gemv",
-    "linear_bf16_fp32", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
+    "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
 ]
 
 _call = _dispatch.call
@@ -87,6 +97,66 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16``; scale per tensor ([] or [1]) or per row ([N])."""
     return _call(_FP8_GEMV, x, w, scale, out)  # type: ignore[no-any-return]
+
+
+def moe_gate(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, top_k: int, n_group: int = 1,
+    topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DeepSeek-V3 / Kimi-K2 MoE gate step: ``(topk_ids int64, topk_weights float32)``, each ``[..., top_k]``.
+
+    ``hidden [..., K]`` bf16 and ``weight [N, K]`` bf16 give fp32 logits through :func:`router_gemm`
+    (its kernel where its gates allow, the fp32 cuBLAS fallback elsewhere; under ``torch.compile``
+    routed while tracing), then the selection of ``_fallbacks.grouped_topk``: sigmoid, the
+    correction ``bias`` ([N] float32, ``e_score_correction_bias``; None: none), ``n_group`` groups
+    scored by the sum of their top-2, the ``topk_group`` best kept, the ``top_k`` best experts,
+    weights = unbiased scores, normalised if ``renormalize`` (``norm_topk_prob``), times
+    ``routed_scaling_factor``. Ties go to the lower index; ids in descending order of biased score.
+    DeepSeek-V3: N=256, n_group=8, topk_group=4, top_k=8, scaling 2.5; Kimi-K2: N=384, n_group=1, top_k=8.
+
+    Gradients: ``topk_weights`` is differentiable in ``hidden`` and ``weight`` (router_gemm's
+    backward and torch's for the selection); ids and ``bias`` carry none (``bias`` is refused if it
+    requires grad). No fused kernel yet: the selection is torch ops (fused by inductor when compiled).
+    """
+    n = _check_gate(hidden, weight, bias, top_k, n_group, topk_group)
+    logits = _call(_ROUTER_GEMM, hidden, weight, None, None)
+    lead = hidden.shape[:-1]
+    ids, weights = _fallbacks.grouped_topk(logits.reshape(-1, n), bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
+    return ids.reshape(*lead, top_k), weights.reshape(*lead, top_k)
+
+
+def _check_gate(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, topk_group: int) -> int:
+    """moe_gate's own arguments (router_gemm checks hidden and weight); returns N. Errors name the argument."""
+    import torch
+
+    n = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else -1
+    if n < 0:
+        raise ValueError(f"moe_gate: weight must be a 2-D [N, K] torch.Tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
+    for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
+    if n % n_group:
+        raise ValueError(f"moe_gate: N={n} experts (weight rows) do not split into n_group={n_group} equal groups")
+    per = n // n_group
+    if n_group > 1 and per < 2:
+        raise ValueError(
+            f"moe_gate: a group's score sums its top-2 experts, so groups need >= 2 experts; got {per} (N={n}, n_group={n_group})"
+        )
+    if topk_group > n_group:
+        raise ValueError(f"moe_gate: topk_group={topk_group} > n_group={n_group}")
+    if top_k > topk_group * per:
+        raise ValueError(f"moe_gate: top_k={top_k} > the {topk_group * per} experts of topk_group={topk_group} groups of {per}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (n,):
+            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
+        if bias.device != weight.device:
+            raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
+        if bias.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
+            )
+    return int(n)
 
 
 def _entry(op: str) -> _dispatch._Entry:
@@ -140,8 +210,8 @@ _dispatch.on_new_table.append(_selftest_at_first_use)
 
 
 # The public functions, hidden until register() binds torch (the module docstring says why).
-_PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, linear_bf16_fp32, gemv, fp8_gemv)}
-del router_gemm, linear_bf16_fp32, gemv, fp8_gemv
+_PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, linear_bf16_fp32, gemv, fp8_gemv, moe_gate)}
+del router_gemm, linear_bf16_fp32, gemv, fp8_gemv, moe_gate
 
 _missing = missing_pieces(OPS, FALLBACKS, _PUBLIC)  # _dispatch checked the fallbacks; here, the public functions
 if _missing:
@@ -171,6 +241,7 @@ if TYPE_CHECKING:  # for type checkers: the public ops as declared above
     linear_bf16_fp32 = _PUBLIC["linear_bf16_fp32"]
     gemv = _PUBLIC["gemv"]
     fp8_gemv = _PUBLIC["fp8_gemv"]
+    moe_gate = _PUBLIC["moe_gate"]
 
 if "torch" in sys.modules:  # torch is already paid for: register now
     register()

@@ -14,7 +14,9 @@ benchmarks/RESULTS.md (Current, "eager fallback path") has the op's own cost at 
 H200 and +1.26 to +3.61 µs end to end on host-bound shapes: not met. Anything else goes through
 :func:`general`, which validates (errors name the argument), flattens batch dimensions and fills
 ``out``. Under ``torch.compile``
-:func:`call` hands the call to the op's ``torch.ops.hwprofile.<op>`` custom op (``_library``).
+:func:`call` routes while tracing (:func:`_compiled`): a fallback route is the fallback's torch ops
+in the graph, a kernel route or a dynamic shape the ``torch.ops.hwprofile.<op>`` custom op
+(``_library``). A call that needs gradients goes through the custom op and its autograd formula.
 
 A kernel that fails to build, load or launch (or its self-test) warns once and the op falls back from then on
 (``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
@@ -32,7 +34,7 @@ from .. import profiles as _profile_mod
 from ..errors import HwprofileError, SettingError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
 from ..profiles import Profile, profile
-from . import _kernel
+from . import _fallbacks, _kernel
 from ._fallbacks import FALLBACKS
 
 if TYPE_CHECKING:
@@ -434,15 +436,23 @@ def _not_bound() -> bool:
 
 
 _compiling: Callable[[], bool] = _not_bound  # torch.compiler.is_compiling once bound
+_grad_enabled: Callable[[], bool] = _not_bound  # torch.is_grad_enabled once bound
+_static: Callable[..., bool] = _not_bound  # torch.fx.experimental.symbolic_shapes.has_static_value once bound
+_traced_gate: Callable[..., Any] = _not_bound  # _trace_gate under torch.compiler.assume_constant_result
 
 
 def bind(torch: Any) -> None:
     """Bind the torch objects the eager path compares with (``hwprofile.ops.register`` calls it once)."""
-    global _F32, _compiling
+    global _F32, _compiling, _grad_enabled, _static, _traced_gate
+    from torch.fx.experimental import symbolic_shapes
+
     _F32 = torch.float32
     for e in ENTRIES.values():
         e.bind(torch)
     _compiling = torch.compiler.is_compiling
+    _grad_enabled = torch.is_grad_enabled
+    _static = symbolic_shapes.has_static_value
+    _traced_gate = torch.compiler.assume_constant_result(_trace_gate)
 
 
 def _remember(e: _Entry, idx: int, m: int, n: int, k: int) -> tuple[_Table, _Route, str | None]:
@@ -496,7 +506,11 @@ def _dispatch(e: _Entry, idx: int, x: Any, w: Any, scale: Any, m: int, n: int, k
 
 
 def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
-    """Every public op's eager entry: the common call inline, the rest through :func:`general`, compiled through the custom op."""
+    """Every public op's eager entry: the common call inline, the rest through :func:`general`, compiled through :func:`_compiled`.
+
+    A call that needs gradients (an operand requires grad, grad mode on) goes through the custom
+    op, whose autograd formula covers the kernel and the fallback alike (``_library``).
+    """
     if out is None and not _compiling():
         try:
             m, k = x.shape
@@ -508,7 +522,7 @@ def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
                 mode = TENSOR_SCALE if not ss or s0 == 1 else ROW_SCALE if s0 == n else NO_SCALE
                 if idx < 0 or w.get_device() != idx or scale.get_device() != idx:
                     idx = _one_device(x, w, scale)
-                fast = mode and scale.dtype is _F32
+                fast = mode and scale.dtype is _F32 and not scale.requires_grad
             else:
                 mode = NO_SCALE
                 if idx < 0 or w.get_device() != idx:
@@ -517,7 +531,8 @@ def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
             fast = fast and k == wk and x.dtype is e.x_dtype and w.dtype is e.w_dtype and idx >= 0
         except (AttributeError, ValueError, TypeError):
             fast = False
-        if fast:  # the fallback side inline (the host-bound case); the kernel side through _dispatch
+        if fast and not ((x.requires_grad or w.requires_grad) and _grad_enabled()):
+            # the fallback side inline (the host-bound case); the kernel side through _dispatch
             hit = e.memo.get((idx, m, n, k))
             _, r, gate = hit if hit is not None else _remember(e, idx, m, n, k)
             if gate is None:
@@ -527,12 +542,87 @@ def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
                 return x.new_zeros((m, n), dtype=e.out_dtype)
             return e.fallback(x, w) if scale is None else e.fallback(x, w, scale)
     if _compiling():
-        res = e.custom(x, w) if scale is None else e.custom(x, w, scale)
-        if out is not None:
-            out.copy_(res)
-            return out
-        return res
+        return _compiled(e, x, w, scale, out)
     return general(e, x, w, scale, out)
+
+
+def _needs_grad(x: Any, w: Any, scale: Any) -> bool:
+    return _grad_enabled() and any(getattr(t, "requires_grad", False) for t in (x, w, scale))
+
+
+def refuse_grads(op: OpDef, operands: tuple[Any, ...], recording: bool = False) -> None:
+    """Raise if an operand the op has no gradient for requires grad (grad mode on): never drop a gradient silently.
+
+    ``recording``: autograd is known to record this call (the custom op's ``setup_context``, which
+    runs with grad mode off).
+    """
+    if not (recording or _grad_enabled()):
+        return
+    for name, t in zip(op.args, operands, strict=False):
+        if name not in op.grads and getattr(t, "requires_grad", False):
+            has = ", ".join(op.grads) or "no argument"
+            raise ValueError(
+                f"{op.name}: {name} requires grad, but {op.name} has gradients for {has} only; "
+                f"detach {name} (or call it under torch.no_grad()) to train the others"
+            )
+
+
+def _with_grad(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
+    """A call that needs gradients: through the custom op and its autograd formula (``out=`` cannot carry them)."""
+    refuse_grads(e.op, (x, w, scale))
+    if out is not None:
+        raise ValueError(f"{e.name}: out= cannot be used when an operand requires grad (grad mode on): the result would carry no gradient")
+    return e.custom(x, w) if scale is None else e.custom(x, w, scale)
+
+
+def _trace_gate(name: str, idx: int, m: int, n: int, k: int, contiguous: bool, cuda: bool) -> str | None:
+    """:func:`route` at trace time, for ``torch.compile`` with static shapes (under ``assume_constant_result``).
+
+    ``idx`` -1 (CPU tensors outside the test seam): "cpu", the fallback. A kernel route here is
+    still checked for alignment by the custom op at run time; a non-contiguous operand is "layout" now.
+    """
+    if idx < 0:
+        return "cpu"
+    t = table(idx)
+    gate = route(t.routes[name], m, n, k)
+    if gate is None and not contiguous:
+        gate = "layout"
+    if gate is not None and cuda:
+        _fallbacks.probe_mm_out_dtype(idx)  # the traced fallback then reads a settled answer
+    return gate
+
+
+def _compiled(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
+    """The op while ``torch.compile`` traces it: routed now where the shapes are static, at run time where not.
+
+    A fallback route becomes the fallback's plain torch ops in the graph (inductor sees and fuses
+    them; nothing of hwprofile runs per step); a kernel route, an operand that needs gradients, or a
+    dynamic shape becomes the custom op, which routes at run time. The trace-time decision is fixed
+    in the compiled graph: settings changed later apply after ``torch._dynamo.reset()``. ``out=`` is
+    filled from a fresh result (``copy_``), so an ``out`` that overlaps an input is computed correctly.
+    """
+    if _needs_grad(x, w, scale):
+        return _with_grad(e, x, w, scale, out)
+    res = None
+    if all(_static(d) for d in (*x.shape, *w.shape)):
+        m, n, k, _ = validate(e.op, x, w, scale, out)
+        dev = x.device
+        idx = dev.index if dev.type == "cuda" else _cpu_index if dev.type == "cpu" else -1
+        contiguous = x.is_contiguous() and w.is_contiguous() and (scale is None or scale.is_contiguous())
+        gate = _traced_gate(e.name, -1 if idx is None else idx, m, n, k, contiguous, dev.type == "cuda")
+        if gate is not None:
+            if gate == "empty":
+                res = x.new_zeros((*x.shape[:-1], n), dtype=e.out_dtype)
+            else:
+                x2 = x.reshape(m, k)
+                res = e.fallback(x2, w) if scale is None else e.fallback(x2, w, scale)
+                res = res.reshape(*x.shape[:-1], n)
+    if res is None:
+        res = e.custom(x, w) if scale is None else e.custom(x, w, scale)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
 
 
 def validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int, int, int]:
@@ -582,8 +672,21 @@ def validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int,
 
 
 def general(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
-    """The general eager path: validate (errors name the argument), flatten batch dims, dispatch, fill ``out``."""
+    """The general eager path: validate (errors name the argument), flatten batch dims, dispatch, fill ``out``.
+
+    An ``out`` that overlaps an operand is computed through a temporary and copied (the kernels
+    declare their pointers ``__restrict__`` and must never be handed one); an ``out`` whose own
+    elements overlap (an expanded tensor) is a ValueError. Inputs may overlap each other or themselves
+    (an expanded ``x``): only contiguous operands reach a kernel, the fallback reads the rest.
+    """
     m, n, k, mode = validate(e.op, x, w, scale, out)
+    if _needs_grad(x, w, scale):
+        return _with_grad(e, x, w, scale, out)
+    if out is not None and _self_overlapping(out):
+        raise ValueError(
+            f"{e.name}: out has overlapping elements (shape {tuple(out.shape)}, strides {out.stride()}, e.g. an expanded tensor); "
+            "pass a tensor whose elements are distinct"
+        )
     x2 = x if x.dim() == 2 else x.reshape(m, k)
     idx = x.get_device()
     if idx < 0:
@@ -595,6 +698,8 @@ def general(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
             res = e.fallback(x2, w) if scale is None else e.fallback(x2, w, scale)
     else:
         o2 = None if out is None else (out if out.dim() == 2 else out.view(m, n) if out.is_contiguous() else None)
+        if o2 is not None and any(_overlap(o2, t) for t in (x2, w, scale)):
+            o2 = None  # through a temporary: the kernel must not write what it reads
         res = _dispatch(e, idx, x2, w, scale, m, n, k, mode, o2)
         if res is o2:
             return out
@@ -602,3 +707,29 @@ def general(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
         out.copy_(res.view(out.shape))
         return out
     return res if x2 is x else res.view(*x.shape[:-1], n)
+
+
+def _span(t: Any) -> tuple[int, int]:
+    """The byte range ``[lo, hi)`` ``t``'s elements occupy (torch strides are never negative)."""
+    lo = t.data_ptr()
+    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True))
+    return lo, lo + (last + 1) * t.element_size()
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """True if ``b`` (None: absent) may share memory with ``a``: their byte ranges intersect (conservative for interleaved views)."""
+    if b is None or a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (alo, ahi), (blo, bhi) = _span(a), _span(b)
+    return alo < bhi and blo < ahi
+
+
+def _self_overlapping(t: Any) -> bool:
+    """True if two elements of ``t`` share memory: a stride 0 over a dimension of size > 1, or strides that interleave."""
+    dims = sorted((st, d) for d, st in zip(t.shape, t.stride(), strict=True) if d > 1)
+    extent = 1  # elements spanned by the dimensions of smaller stride
+    for st, d in dims:
+        if st < extent:
+            return True
+        extent = st * (d - 1) + extent
+    return False

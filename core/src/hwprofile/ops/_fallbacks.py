@@ -86,6 +86,38 @@ def fp8_dequant_mm(x: Any, w: Any, scale: Any) -> Any:
     return acc.to(torch.bfloat16)
 
 
+def probe_mm_out_dtype(index: int) -> None:
+    """Settle whether ``torch.mm(..., out_dtype=)`` works on CUDA device ``index``, with a real 1x8 tensor.
+
+    Called while ``torch.compile`` traces a fallback route (``_dispatch``): the traced fallback then
+    reads a settled answer instead of tracing the probe's try/except.
+    """
+    if _mm_out_dtype is None:
+        t = _torch.zeros((1, 8), dtype=_torch.bfloat16, device=f"cuda:{index}")
+        mm_fp32(t, t)
+
+
+def gemm_backward(g: Any, x: Any, w: Any, scale: Any, need_x: bool, need_w: bool) -> tuple[Any, Any]:
+    """Gradients of ``y = x . (w * scale)^T`` (every op of the table is one) in float32 accumulation, one rounding.
+
+    ``g`` is ``dL/dy`` ``[..., N]`` in the op's output dtype; ``x [..., K]``, ``w [N, K]``, ``scale``
+    None or per tensor / per row. Returns ``(dL/dx in x's dtype, dL/dw in w's dtype)`` (None where
+    not needed). The weight's gradient of a scaled op is not defined here (the op refuses it).
+    """
+    torch = _torch
+    n, k = w.shape
+    g2 = g.reshape(-1, n).float()
+    gx = gw = None
+    if need_x:
+        wf = w.to(torch.bfloat16).float() if w.element_size() == 1 else w.float()  # e4m3 -> bf16 is exact
+        if scale is not None:
+            wf = wf * (scale.reshape(-1, 1) if scale.numel() == n and n != 1 else scale.reshape(()))
+        gx = (g2 @ wf).to(x.dtype).reshape(x.shape)
+    if need_w:
+        gw = (g2.t() @ x.reshape(-1, k).float()).to(w.dtype)
+    return gx, gw
+
+
 #: op name -> its fallback on 2-D contract operands; keyed by the op table (``hwprofile.optable.OPS``)
 FALLBACKS: dict[str, Callable[..., Any]] = {
     ROUTER_GEMM.name: mm_fp32,
@@ -93,3 +125,36 @@ FALLBACKS: dict[str, Callable[..., Any]] = {
     GEMV.name: linear_bf16,
     FP8_GEMV.name: fp8_dequant_mm,
 }
+
+
+def grouped_topk(
+    logits: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float
+) -> tuple[Any, Any]:
+    """The DeepSeek-V3 / Kimi-K2 expert selection on fp32 router logits ``[M, N]``: ``(ids int64, weights fp32)`` ``[M, top_k]``.
+
+    The rules of transformers' ``DeepseekV3TopkRouter`` and SGLang's ``biased_grouped_topk`` /
+    ``moe_fused_gate``: scores = sigmoid(logits); choice = scores + bias; a group's score is the sum
+    of its top-2 choice values; the ``topk_group`` best groups stay; the ``top_k`` best choice
+    values among their experts are picked (other groups' experts are -inf, as SGLang: transformers
+    fills 0.0, which differs only where a biased score is <= 0); weights are the *unbiased* scores
+    of the picked experts, divided by their sum + 1e-20 if ``renormalize``, times ``scaling``.
+    Ties go to the lower group and the lower expert index (stable sorts), and ids come in
+    descending order of choice value.
+    """
+    torch = _torch
+    m, n = logits.shape
+    scores = logits.sigmoid()
+    choice = scores if bias is None else scores + bias
+    if n_group > 1:
+        per = n // n_group
+        group_scores = choice.view(m, n_group, per).topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+        mask = torch.zeros((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, True)
+        choice = choice.masked_fill(~mask.unsqueeze(-1).expand(m, n_group, per).reshape(m, n), float("-inf"))
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if scaling != 1.0:
+        weights = weights * scaling
+    return ids, weights

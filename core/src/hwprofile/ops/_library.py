@@ -4,6 +4,13 @@ Each op of the table becomes one custom op whose schema takes the op table's arg
 implementation is the op's eager entry (:func:`hwprofile.ops._dispatch.call`), which is what a
 compiled graph calls at run time; its fake checks the contract and returns an empty result of the
 right shape and dtype, so ``torch.compile(fullgraph=True)`` traces the op without running it.
+
+Autograd (eager and compiled): each custom op carries ``torch.library.register_autograd`` with the
+backward of ``x . (w * scale)^T`` in float32 accumulation (``_fallbacks.gemm_backward``), whichever
+path ran the forward. The arguments the op table does not list in ``OpDef.grads`` (fp8_gemv's
+e4m3 weight and scale) are refused in the forward when they require grad in grad mode, naming the
+op and the argument: a gradient is never dropped silently. The eager entry sends a call that needs
+gradients through this custom op (``_dispatch.call``).
 """
 
 from __future__ import annotations
@@ -67,6 +74,19 @@ def define(torch: Any, lib: Any, e: _Entry) -> None:
         _dispatch.validate(op, x, w, scale, None)
         return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=e.out_dtype)
 
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        _dispatch.refuse_grads(op, inputs, recording=True)
+        x, w, scale = (*inputs, None)[:3]
+        ctx.save_for_backward(x, w, scale)
+
+    def backward(ctx: Any, g: Any) -> tuple[Any, ...]:
+        x, w, scale = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        gx, gw = _fallbacks.gemm_backward(g, x, w, scale, need[0], need[1])
+        return (gx, gw, None)[: len(op.args)]
+
+    qualname = f"{lib.ns}::{op.name}"
     lib.impl(op.name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{lib.ns}::{op.name}", fake, lib=lib)
+    torch.library.register_fake(qualname, fake, lib=lib)
+    torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=lib)
     e.custom = getattr(getattr(torch.ops, lib.ns), op.name).default
