@@ -57,6 +57,7 @@ _GRAPH_OVERHEAD_S = 0.03
 _HOST_CALL_S = 30e-6  # Python per kernel or fallback call outside the graph (warm-up and capture)
 _LAUNCH_FLOOR_US = 2.5  # the shortest call a graph replay times (launch-bound shapes)
 _DEFAULT_BANDWIDTH = 2.0e12  # bytes/s when the device reports no memory bus (a guess: estimates only)
+_KEPT = "no tuned file was changed"
 
 
 class TuneError(HwprofileError):
@@ -302,12 +303,12 @@ class _Group:
             ) from exc
         return [json.loads(raw[i * width : i * width + n]) for i, n in enumerate(lengths)]
 
-    def check(self, got: Sequence[Mapping[str, Any]], what: str) -> None:
+    def check(self, got: Sequence[Mapping[str, Any]], what: str, kept: str = _KEPT) -> None:
         """Raise, on every rank alike, the errors any rank reported with its part of ``got``."""
         errors = [(r, g["error"]) for r, g in enumerate(got) if g.get("error")]
         if errors:
             lines = "; ".join(f"rank {r}: {e}" for r, e in errors)
-            raise TuneError(f"hwprofile tune: {what} failed on {len(errors)} of {self.size} ranks ({lines}); no tuned file was changed")
+            raise TuneError(f"hwprofile tune: {what} failed on {len(errors)} of {self.size} ranks ({lines}); {kept}")
 
 
 class _Solo:
@@ -318,9 +319,9 @@ class _Solo:
     def exchange(self, obj: Any, timeout_s: float, what: str) -> list[Any]:
         return [json.loads(json.dumps(obj))]
 
-    def check(self, got: Sequence[Mapping[str, Any]], what: str) -> None:
+    def check(self, got: Sequence[Mapping[str, Any]], what: str, kept: str = _KEPT) -> None:
         if got[0].get("error"):
-            raise TuneError(f"hwprofile tune: {what} failed: {got[0]['error']}; no tuned file was changed")
+            raise TuneError(f"hwprofile tune: {what} failed: {got[0]['error']}; {kept}")
 
 
 def _job(group: Any) -> _Group | _Solo:
@@ -364,6 +365,11 @@ class _HostLock:
             return True
         except filelock.Timeout:
             pass
+        except OSError as exc:
+            raise TuneError(
+                f"cannot create the lock file {self.path} ({exc.strerror or exc}): the tuned directory is not writable, so no "
+                f"tuned file can be written there; nothing was measured. Fix the directory or set {_env.CONFIG_DIR.name}"
+            ) from None
         self.waited = True
         log.warning(
             "hwprofile tune: another process on this host is tuning %s (lock %s); waiting up to %g s for its table",
@@ -558,9 +564,12 @@ def tune(
                     key: (prof[key], value) for key, value in doc["thresholds"].items() if key in prof.settings and prof[key] != value
                 }
         except HwprofileError as exc:
-            mine["error"] = f"writing on rank {job.rank} failed: {exc}"
+            mine["error"] = f"writing on device {index} failed: {exc}"
+            mine["written"] = [str(w) for w in result.written]
         got = job.exchange(mine, timeout or 120.0, "whether their files were written")
-        job.check(got, "writing the tuned files")
+        written = sorted({w for g in got for w in g.get("written", ())})
+        job.check(got, "writing the tuned files", "every file is whole (old or new); " + (
+            f"written before the failure: {', '.join(written)}" if written else "no tuned file was changed"))
     finally:
         if lock is not None:
             lock.release()
