@@ -12,13 +12,13 @@ from hwprofile.sweep import Point
 class FakeTimer:
     """Kernel 4 us while M <= ``wins_to`` (else 9 us) against a 7 us fallback, at every N and K; records each call."""
 
-    def __init__(self, wins_to: int = 10, fail_at: tuple[str, int, int, int] | None = None) -> None:
-        self.wins_to, self.fail_at = wins_to, fail_at
+    def __init__(self, wins_to: int = 10, fail_at: tuple[str, int, int, int] | None = None, fail_after: int | None = None) -> None:
+        self.wins_to, self.fail_at, self.fail_after = wins_to, fail_at, fail_after
         self.calls: list[tuple[str, int, int, int]] = []
 
     def measure(self, op: str, m: int, n: int, k: int) -> Point:
         self.calls.append((op, m, n, k))
-        if (op, m, n, k) == self.fail_at:
+        if (op, m, n, k) == self.fail_at or (self.fail_after is not None and len(self.calls) > self.fail_after):
             raise RuntimeError(f"fake kernel failure at {op} M={m} N={n} K={k}")
         kern = 4.0 if m <= self.wins_to else 9.0
         return Point(m, n, k, [kern] * 5, [7.0] * 5, [kern, kern], [7.0, 7.0])

@@ -1,0 +1,97 @@
+"""Ranks alike: 2 gloo ranks (simulated H200s, a fake timer) split the points, exchange them and end with one table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tune-ranks")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "PYTEST_"))}
+    env.update(
+        HWPROFILE_DEVICE="h200", HWPROFILE_DISABLE_PLUGINS="myengine", HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"],
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep), OMP_NUM_THREADS="1",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "tune" / "ranks_worker.py"), str(r), str(WORLD), str(out / "store"), str(out)],
+            env={**env, "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for r in range(WORLD)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("the gloo ranks hung: " + "\n".join(logs))
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return out
+
+
+def results(out: Path, name: str) -> list[dict[str, Any]]:
+    res = [json.loads((out / f"{name}.{r}.json").read_text()) for r in range(WORLD)]
+    for r in res:
+        assert "unexpected" not in r, r["unexpected"]
+    return res
+
+
+def _split_and_agreed(res: list[dict[str, Any]], max_tokens: int) -> None:
+    assert all(r["ok"] for r in res), [r.get("error") for r in res]
+    calls = [{tuple(c) for c in r["calls"]} for r in res]
+    assert calls[0] and calls[1] and not calls[0] & calls[1]  # each rank measured its own share
+    assert len(calls[0] | calls[1]) == res[0]["points"] == 32  # together: router_gemm's grid, once
+    assert abs(len(calls[0]) - len(calls[1])) <= 1
+    assert {r["max_tokens"] for r in res} == {max_tokens} and len({r["fingerprint"] for r in res}) == 1
+    assert all("2 ranks on 1 host agree" in r["agree"] for r in res)  # check_agreement holds after
+    assert all(r["stale_after"] == [] for r in res) and len({r["stamp_date"] for r in res}) == 1
+
+
+def test_ranks_sharing_a_config_directory_split_the_points_and_agree(ranks: Path) -> None:
+    res = results(ranks, "shared")
+    _split_and_agreed(res, 10)
+    assert res[0]["files"] == res[1]["files"]  # the same file, the same bytes
+
+
+def test_ranks_with_their_own_config_directories_write_the_same_table(ranks: Path) -> None:
+    res = results(ranks, "own")
+    _split_and_agreed(res, 6)
+    (f0, h0), (f1, h1) = (next(iter(r["files"].items())) for r in res)
+    assert f0 != f1 and h0 == h1  # two files, byte for byte the same
+
+
+def test_a_stale_value_on_one_rank_is_re_measured_by_both(ranks: Path) -> None:
+    _split_and_agreed(results(ranks, "one_stale"), 9)
+
+
+def test_a_rank_that_fails_makes_every_rank_raise_the_same_error(ranks: Path) -> None:
+    res = results(ranks, "fail")
+    assert not any(r["ok"] for r in res) and len({r["error"] for r in res}) == 1
+    assert "measuring failed on 1 of 2 ranks (rank 1: measuring on device 0 failed: RuntimeError: fake kernel failure" in res[0]["error"]
+    assert res[0]["error"].endswith("no tuned file was changed")
+
+
+def test_nothing_stale_measures_nothing_on_any_rank(ranks: Path) -> None:
+    res = results(ranks, "nothing")
+    assert all(r["ok"] and r["calls"] == [] and r["files"] == {} for r in res)
+
+
+def test_a_rank_that_never_comes_is_an_error_within_the_bound(ranks: Path) -> None:
+    res = results(ranks, "late")
+    assert not res[0]["ok"] and "the 2 ranks could not exchange their devices within 1.5 s" in res[0]["error"]
+    assert res[0]["seconds"] < 10
