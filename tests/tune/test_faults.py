@@ -162,7 +162,7 @@ def test_every_reader_sees_the_old_or_the_new_table_whole(stale: Path, tmp_path:
     out, err = reader.communicate(timeout=60)
     assert reader.returncode == 0, err
     reads, seen = out.split(" ", 1)
-    assert int(reads) > 0 and set(eval(seen)) <= wrote | {3}  # noqa: S307 - our own subprocess's print of a list of ints
+    assert int(reads) > 0 and set(eval(seen)) <= wrote | {3}
     assert not errors, errors[:3]
     assert values <= wrote | {16}
     _no_temporaries(stale.parent)

@@ -8,7 +8,6 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -92,7 +91,8 @@ def test_a_second_process_waits_for_the_first_and_then_finds_nothing_stale(monke
 
     def other_process() -> None:
         time.sleep(0.5)
-        sweep.write(sweep.run(hwprofile.profile(0), "router_gemm", sweep.default_grid("router_gemm"), first), directory / "router_gemm.toml")
+        doc = sweep.run(hwprofile.profile(0), "router_gemm", sweep.default_grid("router_gemm"), first)
+        sweep.write(doc, directory / "router_gemm.toml")
         held.release()
         released.set()
 

@@ -99,7 +99,7 @@ class Plan:
 
     def estimate_s(self, reps: int = 15) -> float:
         """Seconds of GPU time the measurements take on one GPU (a model, good to about 2x)."""
-        return sum(point_seconds(op, m, n, k, self.bandwidth, reps) for op, m, n, k in self.points())
+        return sum(cost(p, self.bandwidth, reps) for p in self.points())
 
     def as_dict(self, reps: int = 15) -> dict[str, Any]:
         return {
@@ -240,14 +240,19 @@ def _point(d: Mapping[str, Any]) -> Point:
                  [float(x) for x in d["kernel_passes"]], [float(x) for x in d["fallback_passes"]])
 
 
+def cost(p: tuple[str, int, int, int], bw: float, reps: int = 15) -> float:
+    """:func:`point_seconds` of one ``(op, m, n, k)``."""
+    return point_seconds(p[0], p[1], p[2], p[3], bw, reps)
+
+
 def split(points: Sequence[tuple[str, int, int, int]], size: int, bw: float, reps: int = 15) -> list[list[tuple[str, int, int, int]]]:
     """``points`` shared among ``size`` ranks, longest first to the least loaded (the same answer on every rank)."""
     shares: list[list[tuple[str, int, int, int]]] = [[] for _ in range(size)]
     loads = [0.0] * size
-    for p in sorted(points, key=lambda p: (-point_seconds(*p, bw, reps), p)):
+    for p in sorted(points, key=lambda p: (-cost(p, bw, reps), p)):
         r = min(range(size), key=lambda i: (loads[i], i))
         shares[r].append(p)
-        loads[r] += point_seconds(*p, bw, reps)
+        loads[r] += cost(p, bw, reps)
     order = {op: i for i, op in enumerate(OPS)}
     return [sorted(s, key=lambda p: (order[p[0]], p[1:])) for s in shares]  # op by op: one progress line per op
 
@@ -537,7 +542,7 @@ def tune(
                 log.info("hwprofile tune: device %d: nothing stale", index)
                 return TuneResult(index, p, ranks=job.size, seconds=time.perf_counter() - t0, profile=prof)
         share = split(p.points(), len(same), bw, reps)[same.index(job.rank)] if grids else []
-        est = max((sum(point_seconds(*q, bw, reps) for q in s) for s in split(p.points(), len(same), bw, reps)), default=0.0)
+        est = max((sum(cost(q, bw, reps) for q in s) for s in split(p.points(), len(same), bw, reps)), default=0.0)
         log.info("hwprofile tune: device %d: measuring %d point(s) of %s (estimated %.0f s)",
                  index, len(share), ", ".join(grids) or "nothing", est)
         mine = {"error": None, "points": []}
@@ -600,7 +605,9 @@ def at_first_profile(prof: Profile) -> Profile:
         return prof
     why = cannot_measure(prof)
     if why:
-        log.warning("hwprofile: %s=stale: cannot tune device %d (%s); the values already there apply", _env.TUNE.name, prof.device.index, why)
+        log.warning(
+            "hwprofile: %s=stale: cannot tune device %d (%s); the values already there apply", _env.TUNE.name, prof.device.index, why
+        )
         return prof
     try:
         result = tune(prof.device.index)
