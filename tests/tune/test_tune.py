@@ -256,3 +256,60 @@ def test_the_command_prints_a_line_per_op_off_a_terminal(monkeypatch: pytest.Mon
     captured = capsys.readouterr()
     assert "measured router_gemm (32 points on this rank)" in captured.err
     assert "re-measured router_gemm (router_gemm.max_tokens 16 -> 10)" in captured.out and "wrote " in captured.out
+
+
+_DEADLOCK = """
+import os, sys, threading
+import hwprofile
+from hwprofile import profiles, retune
+from hwprofile.ops import _dispatch
+
+first = profiles._tune_first
+
+def pose_real(prof):  # the hook skips simulated devices: pose as a real one
+    object.__setattr__(prof.device, "simulated", False)
+    try:
+        return first(prof)
+    finally:
+        object.__setattr__(prof.device, "simulated", True)
+
+profiles._tune_first = pose_real
+in_hook, other_has_lock = threading.Event(), threading.Event()
+
+def tune(device=None, **kw):
+    in_hook.set()
+    other_has_lock.wait(5)
+    _dispatch.table(0)  # what measuring does (ops.run_kernel)
+    prof = hwprofile.profile(0)
+    return retune.TuneResult(0, retune.plan(prof), profile=prof)
+
+retune.tune = tune
+retune.cannot_measure = lambda prof: ""  # no GPU here: measuring is faked above
+
+def other():
+    in_hook.wait(5)
+    with _dispatch._tables_lock:  # an op's first call on device 0, building its table
+        other_has_lock.set()
+        hwprofile.profile(0)
+
+threads = [threading.Thread(target=hwprofile.profile, args=(0,), daemon=True), threading.Thread(target=other, daemon=True)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(10)
+print("deadlock" if any(t.is_alive() for t in threads) else "ok")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_an_op_in_another_thread_during_start_up_tuning_cannot_deadlock() -> None:
+    """Measuring builds device 0's dispatch table (ops.run_kernel), whose lock another thread may hold while it asks
+    profile() for the device: tuning at the first profile() must not hold profile()'s lock meanwhile (a process of
+    its own: a deadlock would leave locks that no later test could take)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HWPROFILE_TUNE": "stale"}
+    out = subprocess.run([sys.executable, "-c", _DEADLOCK], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr

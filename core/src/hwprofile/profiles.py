@@ -370,12 +370,13 @@ def profile(device: int | str | Any = None) -> Profile:
 
             prof = first_profile(index, registry, build_profile)
         _profiles[index] = prof
-        prof = _tune_first(prof)  # HWPROFILE_TUNE=stale (default off): may re-resolve after tuning
         log.debug(
             "profile for device %d (%s): plugin %s, fingerprint %s",
             index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint,
         )
-        return prof
+    # HWPROFILE_TUNE=stale (default off) may measure and re-resolve: outside the lock, so that another thread's op
+    # (whose dispatch table waits on profile() under its own lock) cannot deadlock with the measuring
+    return _tune_first(prof)
 
 
 # --- HWPROFILE_TUNE: tuning at a device's first profile() (issue 22; the work is hwprofile.retune's) --------------
@@ -391,8 +392,9 @@ _tuning = threading.local()  # set while this thread tunes: profiles it resolves
 def _tune_first(prof: Profile) -> Profile:
     """The profile a device's first ``profile()`` returns: ``prof``, or the one resolved after tuning (``HWPROFILE_TUNE``).
 
-    Runs with ``prof`` already cached, so tuning (which asks ``profile()`` for the device) finds it.
-    Never on a simulated device, never while this thread is tuning already.
+    Runs with ``prof`` already cached and the lock released, so tuning (which asks ``profile()`` for the
+    device) finds it, and other threads get it meanwhile. Never on a simulated device, never while this
+    thread is tuning already.
     """
     if prof.device.simulated or getattr(_tuning, "active", False) or _env.TUNE.read(os.environ) != "stale":
         return prof

@@ -547,11 +547,12 @@ def tune(
                  index, len(share), ", ".join(grids) or "nothing", est)
         mine = {"error": None, "points": []}
         try:
-            t = timer if timer is not None else sweep.GpuTimer(prof, reps=reps)
-            for i, (op, m, n, k) in enumerate(share):
-                mine["points"].append(_point_dict(t.measure(op, m, n, k), op))
-                if progress:
-                    progress(i + 1, len(share), f"{op} M={m} N={n} K={k}")
+            if share:  # a rank with no share (another SKU has the work) needs no timer, nor a GPU
+                t = timer if timer is not None else sweep.GpuTimer(prof, reps=reps)
+                for i, (op, m, n, k) in enumerate(share):
+                    mine["points"].append(_point_dict(t.measure(op, m, n, k), op))
+                    if progress:
+                        progress(i + 1, len(share), f"{op} M={m} N={n} K={k}")
         except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait for points that never come
             mine = {"error": f"measuring on device {index} failed: {type(exc).__name__}: {exc}", "points": []}
         got = job.exchange(mine, timeout or max(120.0, 4 * est + 60), "their measurements")
@@ -590,8 +591,8 @@ def tune(
 def at_first_profile(prof: Profile) -> Profile:
     """``HWPROFILE_TUNE=stale``: tune ``prof``'s device before its first ``profile()`` returns; the profile to return.
 
-    Called by :func:`hwprofile.profiles.profile` once it has cached ``prof`` (so tuning, which
-    resolves the device's profile, finds it instead of recursing). Never on a simulated device,
+    Called by :func:`hwprofile.profiles.profile` once it has cached ``prof`` and released its lock (so
+    tuning, which resolves the device's profile, finds it instead of recursing). Never on a simulated device,
     never inside CUDA-graph capture; a failure is a warning, and the values already there apply.
     """
     if prof.device.simulated:
