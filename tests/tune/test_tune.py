@@ -142,8 +142,6 @@ def real_gpu(monkeypatch: pytest.MonkeyPatch) -> list[FakeTimer]:
     real_first = profiles._tune_first
 
     def first(prof: hwprofile.Profile) -> hwprofile.Profile:  # the hook skips simulated devices: pose as a real one
-        import dataclasses  # noqa: F401
-
         object.__setattr__(prof.device, "simulated", False)
         try:
             return real_first(prof)
