@@ -15,7 +15,7 @@ usage: benchmarks/run_h200.sh SUITE...     on the H200 host, from any directory
        benchmarks/run_h200.sh -h | --help
 
 The GPU host cannot pip install from a registry: --wheels builds hwprofile, its plugins, the example
-downstream plugin and pytest-hwprofile into .whl/ (plus platformdirs and tomli-w). Carry .whl to
+downstream plugin and pytest-hwprofile into .whl/ (plus platformdirs, tomli-w and hypothesis, which the image lacks). Carry .whl to
 the host; each run installs it into $SITE (default /tmp/site) and puts that on PYTHONPATH.
 
 suites (raw output in benchmarks/h200/<date>-<suite>/):
@@ -70,7 +70,7 @@ if [ "$WHEELS" = 1 ]; then
   python -m pip wheel -q --no-deps --no-build-isolation ./core ./plugins/sm90 ./plugins/sm100 ./plugins/sm120 \
     ./examples/downstream ./pytest-hwprofile -w .whl
   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.14.5 tomli-w==1.2.0
+    --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.14.5 tomli-w==1.2.0 hypothesis==6.155.7 sortedcontainers==2.4.0
   ls .whl
   exit 0
 fi
