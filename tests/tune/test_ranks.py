@@ -95,3 +95,50 @@ def test_a_rank_that_never_comes_is_an_error_within_the_bound(ranks: Path) -> No
     res = results(ranks, "late")
     assert not res[0]["ok"] and "the 2 ranks could not exchange their devices within 1.5 s" in res[0]["error"]
     assert res[0]["seconds"] < 10
+
+
+def _torchrun(tmp_path: Path, stale: bool) -> list[subprocess.CompletedProcess[str]]:
+    """`hwprofile tune` on 2 ranks as torchrun starts them (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT): gloo here."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "config"
+    config.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWPROFILE_", "PYTEST_"))}
+    env.update(
+        HWPROFILE_DEVICE="h200,h200", HWPROFILE_DISABLE_PLUGINS="myengine", HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"],
+        HWPROFILE_CONFIG_DIR=str(config), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep), OMP_NUM_THREADS="1",
+    )
+    if stale:
+        code = (
+            "import hwprofile; from tests.tune.helpers import stale_tuned_file; stale_tuned_file(hwprofile.profile(0))"
+        )
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import sys; from hwprofile.cli import main; sys.exit(main(['tune']))"],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(WORLD)
+    ]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+def test_the_command_under_torchrun_tunes_each_rank_s_device(tmp_path: Path) -> None:
+    res = _torchrun(tmp_path, stale=False)
+    assert [r.returncode for r in res] == [0, 0], [r.stderr for r in res]
+    assert [r.stdout.strip() for r in res] == ["device 0: nothing stale", "device 1: nothing stale"]
+
+
+def test_the_command_under_torchrun_fails_alike_on_every_rank(tmp_path: Path) -> None:
+    res = _torchrun(tmp_path, stale=True)  # simulated devices: nothing can be timed
+    assert [r.returncode for r in res] == [2, 2]
+    errors = [r.stderr.strip().splitlines()[-1] for r in res]
+    assert "tune measures real kernels" in errors[0] and "simulated" in errors[0], errors
