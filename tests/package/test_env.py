@@ -114,6 +114,9 @@ CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
         {"/a.toml": ("/a.toml",), f"/a.toml{os.pathsep}{os.pathsep} {os.pathsep}/b.toml": ("/a.toml", "/b.toml"), "": ()},
         [],
     ),
+    _env.TUNE.name: (
+        {"stale": "stale", " Stale ": "stale", "1": "stale", "on": "stale", "off": "off", "0": "off"}, ["", "all", "yes please"]
+    ),
     _env.TRACEBACK.name: ({"1": True, "0": True, "yes please": True, "": False}, []),
     **{v.name: ({**dict.fromkeys(ON, True), **dict.fromkeys(OFF, False)}, BAD_SWITCH) for v in SWITCHES},
 }

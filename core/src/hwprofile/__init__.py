@@ -7,6 +7,7 @@ writes no environment variable. Everything below is loaded on first use.
     prof = hwprofile.profile()                        # device 0 (or torch's current device)
     prof.get("router_gemm.max_tokens", int)           # 16, type-checked; provenance in prof.explain(...)
     prof.apply_env()                                  # writes only env defaults the user did not set
+    hwprofile.tune(0)                                 # re-measure what went stale (after model load, before capture)
 
 Plugin authors import from :mod:`hwprofile.plugin`.
 """
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from .kernels.spec import KernelSpec, Launch
     from .profiles import Profile, detect, profile, reset
     from .registry import ArchSpec, PluginInfo
+    from .retune import tune
     from .settings import EnvDefault, ResolvedSetting, Setting, Value
 
 __version__ = "0.1.0"
@@ -51,6 +53,7 @@ __all__ = [
     "hookimpl",
     "profile",
     "reset",
+    "tune",
 ]
 
 _LAZY = {
@@ -75,6 +78,7 @@ _LAZY = {
     "hookimpl": "hookspecs",
     "profile": "profiles",
     "reset": "profiles",
+    "tune": "retune",
 }
 
 

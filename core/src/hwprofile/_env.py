@@ -164,6 +164,14 @@ def _paths(text: str) -> tuple[str, ...]:
     return tuple(p for p in text.split(os.pathsep) if p.strip())
 
 
+def _tune_mode(text: str) -> str:
+    """``stale`` (tune what is stale at the first profile()) or ``off``; a switch's on is ``stale`` (the one mode)."""
+    t = text.strip().lower()
+    if t == "stale":
+        return t
+    return "stale" if switch(t) else "off"
+
+
 def _present(text: str) -> bool:
     """Any non-empty value is on."""
     return bool(text)
@@ -230,6 +238,11 @@ SELFTEST: Final[Var[bool]] = Var(
     "stored verdicts whose stamps match are reused, a failing kernel is disabled with one warning",
     f"one of {SWITCH_VALUES}", switch, False, unset="off: kernels are not self-tested",
 )
+TUNE: Final[Var[str]] = Var(
+    PREFIX + "TUNE",
+    "stale: the first profile() of a real GPU re-measures its stale or unmeasured thresholds before it returns (hwprofile.tune)",
+    f"stale, or a switch ({SWITCH_VALUES}; on means stale)", _tune_mode, "off",
+)
 TRACEBACK: Final[Var[bool]] = Var(
     PREFIX + "TRACEBACK",
     "the hwprofile command shows the traceback of an unexpected error instead of one line",
@@ -239,5 +252,5 @@ TRACEBACK: Final[Var[bool]] = Var(
 #: Every control variable, in the order docs/architecture.md lists them: every reader iterates this.
 VARS: Final[tuple[Var[Any], ...]] = (
     DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, SELFTEST,
-    TRACEBACK,
+    TUNE, TRACEBACK,
 )

@@ -123,7 +123,9 @@ def atomic_write(path: Path, data: bytes | str, *, what: str, mode: int = 0o644)
         dfd = os.open(path.parent, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
     except OSError as exc:
         raise WriteError(f"cannot write the {what} {path}: {exc.strerror}; choose another path") from None
-    tmp = f"{_TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{path.name}"
+    # ".tmp" last: a reader that lists the directory by the target's suffix (tuning.tuned_files: *.toml) must never
+    # pick up a temporary that the rename below makes vanish (a profile resolved meanwhile failed: tests/tune/test_faults.py)
+    tmp = f"{_TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{path.name}.tmp"
     created = False
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=dfd)

@@ -1,4 +1,4 @@
-"""``hwprofile`` command line: show | plugins | devices | explain | env | doctor | compile | cache | sweep | new-plugin.
+"""``hwprofile`` command line: show | plugins | devices | explain | env | doctor | compile | cache | sweep | tune | new-plugin.
 
 Library code logs; this module prints. A user error prints one line and exits 2, no traceback.
 """
@@ -872,6 +872,91 @@ def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path) -> None:
     print(f"wrote {plot_path} (regret per shape)")
 
 
+def _op_lines() -> Any:
+    """A progress callback printing one line per op when stderr is not a terminal (a bar otherwise: :func:`_progress`)."""
+    state = {"op": "", "done": 0}
+
+    def progress(done: int, total: int, what: str) -> None:
+        op = what.split(" ", 1)[0]
+        if state["op"] and op != state["op"]:
+            print(f"measured {state['op']}", file=sys.stderr, flush=True)
+        state["op"] = op
+        if done == total:
+            print(f"measured {op} ({total} points on this rank)", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def _torchrun_job() -> tuple[Any, int] | None:
+    """Under torchrun (``WORLD_SIZE`` > 1): the initialised torch.distributed module and this rank's device; else None."""
+    if int(os.environ.get("WORLD_SIZE", "1") or "1") <= 1 or "MASTER_ADDR" not in os.environ:
+        return None
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise HwprofileError("tune under torchrun needs torch with torch.distributed") from None
+    local = int(os.environ.get("LOCAL_RANK", "0") or "0")
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist, local
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import retune
+    from .profiles import detect, profile
+
+    job = None if args.dry_run else _torchrun_job()
+    try:
+        if job is not None:
+            indices = [args.device if args.device is not None else job[1]]
+        elif args.device is not None:
+            indices = [args.device]
+        else:
+            det = detect()
+            if not det.devices:
+                raise HwprofileError(f"tune needs a device: {det.reason}")
+            indices = [d.index for d in det.devices]
+        ops = args.ops.split(",") if args.ops else None
+        plans = []
+        for index in indices:
+            prof = profile(index)
+            p = retune.plan(prof, everything=args.all, ops=ops)
+            plans.append(p)
+            if args.dry_run:
+                continue
+            if p.grids:
+                why = retune.cannot_measure(prof)
+                if why:
+                    raise HwprofileError(
+                        f"tune measures real kernels: {why}. Run it on the GPU host; 'hwprofile tune --dry-run' lists what it would measure"
+                    )
+            progress = _progress(True, 70) or _op_lines()
+            result = retune.tune(index, everything=args.all, ops=ops, reps=args.reps, ties=args.ties, progress=progress)
+            print(result.describe())
+            for path in result.written:
+                print(f"wrote {path}")
+            for f in p.findings:
+                for note in f.leftovers:
+                    print(f"note: {note}")
+        if args.dry_run:
+            if args.json:
+                print(json.dumps({"devices": [p.as_dict(args.reps) for p in plans]}, indent=2))
+                return 0
+            for p in plans:
+                rows = [[f.op, f.status, str(len(p.grids.get(f.op, ()))), "; ".join(f.reasons + f.leftovers) or "-"] for f in p.findings]
+                print(f"device {p.index}: {p.device}")
+                print(table(rows, ["op", "status", "points", "why"]))
+                n = len(p.points())
+                print(f"would measure {n} point(s), about {p.estimate_s(args.reps):.0f} s of GPU time\n" if n else "nothing to measure\n")
+        return 0
+    finally:
+        if job is not None:
+            job[0].destroy_process_group()
+
+
 def cmd_new_plugin(args: argparse.Namespace) -> int:
     from . import scaffold
 
@@ -998,6 +1083,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", type=_user_path, help="tuned file to write (default: this device's tuned directory)")
     s.add_argument("--plot", type=_user_path, help="PNG of latency against M or N with the threshold marked")
     s.set_defaults(fn=cmd_sweep)
+    s = sub.add_parser(
+        "tune", parents=[device, simulate, js],
+        help="re-measure only the thresholds whose stamps went stale (or were never measured here) and write them (needs the GPU)",
+        description="For each device (or --device N; under torchrun, each rank's own, the ranks splitting the points), find the "
+        "ops whose measured values are stale (another fallback function, kernel, launch plan or device generation) or were "
+        "never measured on this SKU, re-measure only those as 'hwprofile sweep' does, and write stamped tuned files into the "
+        "device's tuned directory. --dry-run works everywhere, simulated devices included.",
+    )
+    s.add_argument("--dry-run", action="store_true", help="list what would be measured and an estimate of the GPU time; measure nothing")
+    s.add_argument("--all", action="store_true", help="re-measure every op that has a kernel, stale or not")
+    s.add_argument("--ops", help="only these ops (comma list)")
+    s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
+    s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
+    s.set_defaults(fn=cmd_tune)
     s = sub.add_parser("new-plugin", help="scaffold an architecture plugin package")
     s.add_argument("name", help="plugin name, e.g. sm89 (distribution hwprofile-<name>)")
     s.add_argument("--capability", required=True, help="exact compute capability served, e.g. 8.9")

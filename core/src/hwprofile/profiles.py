@@ -19,7 +19,7 @@ from collections.abc import Iterator, KeysView, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _state
+from . import _env, _state
 from . import device as _device
 from ._log import get_logger
 from ._record import Record, _set, final
@@ -399,7 +399,51 @@ def profile(device: int | str | Any = None) -> Profile:
             "profile for device %d (%s): plugin %s, fingerprint %s",
             index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint,
         )
+    # HWPROFILE_TUNE=stale (default off) may measure and re-resolve: outside the lock, so that another thread's op
+    # (whose dispatch table waits on profile() under its own lock) cannot deadlock with the measuring
+    return _tune_first(prof)
+
+
+# --- HWPROFILE_TUNE: tuning at a device's first profile() (issue 22; the work is hwprofile.retune's) --------------
+
+#: The function a device's first profile() hands itself to under HWPROFILE_TUNE=stale, named, not imported:
+#: hwprofile.retune measures through hwprofile.ops, which resolves profiles here, so an import would close a
+#: circle (tests/package/test_import_graph.py). The call goes up one layer by name, as the registry's calls of
+#: plugins do; by then every module on the way is imported in full.
+TUNE_HOOK = "hwprofile.retune:at_first_profile"
+_tuning = threading.local()  # set while this thread tunes: profiles it resolves meanwhile do not tune again
+
+
+def _tune_first(prof: Profile) -> Profile:
+    """The profile a device's first ``profile()`` returns: ``prof``, or the one resolved after tuning (``HWPROFILE_TUNE``).
+
+    Runs with ``prof`` already cached and the lock released, so tuning (which asks ``profile()`` for the
+    device) finds it, and other threads get it meanwhile. Never on a simulated device, never while this
+    thread is tuning already.
+    """
+    if prof.device.simulated or getattr(_tuning, "active", False) or _env.TUNE.read(os.environ) != "stale":
         return prof
+    import importlib
+
+    module, _, name = TUNE_HOOK.partition(":")
+    hook = getattr(importlib.import_module(module), name)
+    _tuning.active = True
+    try:
+        tuned: Profile = hook(prof)
+    finally:
+        _tuning.active = False
+    return tuned
+
+
+def _rebuild(index: int) -> Profile:
+    """Resolve device ``index`` again (its tuned files changed) and cache the new profile; dispatch tables follow it."""
+    with _lock:
+        prof = build_profile(detect().device(index), registry(), os.environ)
+        _profiles[index] = prof
+        return prof
+
+
+# --- end of HWPROFILE_TUNE ----------------------------------------------------------------------------------------
 
 
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:
