@@ -378,6 +378,10 @@ def _limits(d: Any, n: int, k: int) -> list[tuple[str, int, int, int]]:
     for what, v, lo, hi in (("N", n, d.min_n, d.max_n), ("K", k, d.min_k, d.max_k)):
         lo_v = lo if isinstance(lo, int) else int(default[lo])
         hi_v = hi if isinstance(hi, int) else int(default[hi])
+        if what == "K":
+            # the smallest K is a box default, not a limit: the kernels take any K of whole 16-byte loads
+            # (the H200 catalog run: fp8_gemv 1x5120x192, kernel 3.6 µs against the fallback's 10.7 µs)
+            lo_v = d.k_vec
         out.append((what, v, lo_v, hi_v))
     return out
 
