@@ -58,8 +58,9 @@ from typing import TYPE_CHECKING, Any
 from .. import _env
 from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
-from . import _dispatch, _fallbacks, _kernel, _library
+from . import _dispatch, _fallbacks, _gate, _kernel, _library
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
+from ._gate import decide as decide_moe_gate
 from ._fallbacks import FALLBACKS
 from ._kernel import NotWarmedError
 from ._warmup import WarmupReport, warmup
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "fallback", "fp8_gemv", "gemv",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "decide_moe_gate", "fallback", "fp8_gemv", "gemv",
     "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
 ]
 
@@ -119,9 +120,12 @@ def moe_gate(
     requires grad). No fused kernel yet: the selection is torch ops (fused by inductor when compiled).
     """
     n = _check_gate(hidden, weight, bias, top_k, n_group, topk_group)
-    logits = _call(_ROUTER_GEMM, hidden, weight, None, None)
+    logits = _call(_ROUTER_GEMM, hidden, weight, None, None).reshape(-1, n)
     lead = hidden.shape[:-1]
-    ids, weights = _fallbacks.grouped_topk(logits.reshape(-1, n), bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
+    got = _gate.select(logits, bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
+    ids, weights = got if got is not None else _fallbacks.grouped_topk(
+        logits, bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor
+    )
     return ids.reshape(*lead, top_k), weights.reshape(*lead, top_k)
 
 
