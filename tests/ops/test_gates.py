@@ -39,7 +39,8 @@ class FakeLauncher:
 
     def gate(self, t: Any, ids: Any, weights: Any, logits: Any, bias: Any, m: int, n: int, n_group: int, topk_group: int,
              top_k: int, renormalize: bool, scaling: float) -> bool:
-        """Stands in for ``ops._gate.launch`` (moe_gate's selection kernel): records ("moe_gate", M, N, n_group, top_k), writes the float64 rules' result."""
+        """Stands in for ``ops._gate.launch`` (moe_gate's selection kernel): records ("moe_gate", M, N, n_group, top_k) and
+        writes the float64 rules' result."""
         from .reference import moe_gate as reference
 
         assert logits.is_contiguous() and logits.dtype == torch.float32 and tuple(logits.shape) == (m, n)

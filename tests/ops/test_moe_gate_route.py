@@ -58,7 +58,7 @@ def test_shapes_the_kernel_cannot_take_run_the_torch_selection(
     fake: FakeLauncher, m: int, n: int, kw: dict[str, Any], why: str  # noqa: F811
 ) -> None:
     h, w, b = inputs(m, n)
-    ids, weights = ops.moe_gate(h, w, b, **kw)
+    ids, _ = ops.moe_gate(h, w, b, **kw)
     assert gate_calls(fake) == []
     ref_ids, _ = reference(ops.router_gemm(h, w), b, kw.get("n_group", 1), kw.get("topk_group", 1), kw["top_k"], True,
                            kw.get("routed_scaling_factor", 1.0))

@@ -60,8 +60,8 @@ from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 from . import _dispatch, _fallbacks, _gate, _kernel, _library
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
-from ._gate import decide as decide_moe_gate
 from ._fallbacks import FALLBACKS
+from ._gate import decide as decide_moe_gate
 from ._kernel import NotWarmedError
 from ._warmup import WarmupReport, warmup
 
@@ -69,8 +69,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "decide_moe_gate", "fallback", "fp8_gemv", "gemv",
-    "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "decide_moe_gate", "fallback",
+    "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
 ]
 
 _call = _dispatch.call
