@@ -16,7 +16,7 @@ MAX_M = 16  # tokens of a decode step; a larger M is a prefill, where the torch 
 MAX_N = 512  # experts: one warp per token, 16 per lane (the kernel's MAX_N template argument)
 MAX_TOP_K = 32  # lane r writes pick r
 MAX_GROUPS = 32  # lane g scores group g
-INSTANCE = f"hwp_moe_gate<{MAX_N}>"
+INSTANCE = f"hwp90_moe_gate<{MAX_N}>"
 
 
 def plan_gate(*, m: int, n: int, n_group: int, topk_group: int, top_k: int) -> Launch:
@@ -41,5 +41,5 @@ def kernel_spec(package: str) -> KernelSpec:
     """The selection kernel's spec (op ``moe_gate``, not an op of the op table: ``hwprofile.ops.moe_gate`` looks it up)."""
     return KernelSpec(
         OP, package, SOURCE, (INSTANCE,), plan_gate,
-        doc=f"hwp_moe_gate: grouped top-k selection of ops.moe_gate after the router GEMM, M <= {MAX_M}, N <= {MAX_N} (PDL)",
+        doc=f"hwp90_moe_gate: grouped top-k selection of ops.moe_gate after the router GEMM, M <= {MAX_M}, N <= {MAX_N} (PDL)",
     )

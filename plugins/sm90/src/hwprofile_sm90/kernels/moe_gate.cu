@@ -130,11 +130,11 @@ __device__ __forceinline__ void gate(long long* __restrict__ ids, float* __restr
 
 }  // namespace hwpgate
 
-// Entry point: hwp_moe_gate<MAX_N>, grid (M), block 32, launched with PDL. ids [M, top_k] int64,
+// Entry point: hwp90_moe_gate<MAX_N>, grid (M), block 32, launched with PDL. ids [M, top_k] int64,
 // weights [M, top_k] fp32, logits [M, N] fp32, bias [N] fp32 or null. N <= MAX_N, top_k <= 32,
 // n_group <= 32 dividing N (hwprofile_sm90.moe_gate checks every bound before launching).
 template <int MAX_N>
-__global__ void __launch_bounds__(32) hwp_moe_gate(long long* __restrict__ ids, float* __restrict__ weights,
+__global__ void __launch_bounds__(32) hwp90_moe_gate(long long* __restrict__ ids, float* __restrict__ weights,
                                                    const float* __restrict__ logits, const float* __restrict__ bias, int /*M*/, int N,
                                                    int n_group, int topk_group, int top_k, int renorm, float scaling) {
   hwpgate::gate<MAX_N>(ids, weights, logits, bias, N, n_group, topk_group, top_k, renorm, scaling);
