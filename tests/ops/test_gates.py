@@ -37,6 +37,22 @@ class FakeLauncher:
         out.copy_((x.double() @ wd.t()).to(out.dtype))
         return True
 
+    def gate(self, t: Any, ids: Any, weights: Any, logits: Any, bias: Any, m: int, n: int, n_group: int, topk_group: int,
+             top_k: int, renormalize: bool, scaling: float) -> bool:
+        """Stands in for ``ops._gate.launch`` (moe_gate's selection kernel): records ("moe_gate", M, N, n_group, top_k) and
+        writes the float64 rules' result."""
+        from .reference import moe_gate as reference
+
+        assert logits.is_contiguous() and logits.dtype == torch.float32 and tuple(logits.shape) == (m, n)
+        assert ids.dtype == torch.int64 and tuple(ids.shape) == tuple(weights.shape) == (m, top_k)
+        if self.fail:
+            return False
+        self.calls.append(("moe_gate", m, n, n_group, top_k))
+        ref_ids, ref_w = reference(logits, bias, n_group, topk_group, top_k, renormalize, scaling)
+        ids.copy_(ref_ids)
+        weights.copy_(ref_w.float())
+        return True
+
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> Iterator[FakeLauncher]:
@@ -50,6 +66,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> Iterator[FakeL
     launcher = FakeLauncher()
     monkeypatch.setattr(ops._dispatch, "_cpu_index", 0)
     monkeypatch.setattr(ops._kernel, "launch", launcher)
+    monkeypatch.setattr(ops._gate, "launch", launcher.gate)
     yield launcher
     ops.reset_dispatch()
 

@@ -179,10 +179,10 @@ def test_gradients_of_the_weights_match_float64() -> None:
 
 
 def test_its_gemm_takes_the_router_kernel(fake: FakeLauncher) -> None:  # noqa: F811
-    """On the simulated H200 (CPU seam) the gate's GEMM is router_gemm's kernel in its region, and the result is the same."""
+    """On the simulated H200 (CPU seam) the gate's GEMM is router_gemm's kernel in its region, then the selection kernel."""
     h, w, b = gate_inputs(4, 256, k=7168)
     ids, weights = ops.moe_gate(h, w, b, top_k=8, n_group=8, topk_group=4)
-    assert fake.calls == [("router_gemm", 4, 256, 7168, 0)]
+    assert fake.calls == [("router_gemm", 4, 256, 7168, 0), ("moe_gate", 4, 256, 8, 8)]
     ref_ids, ref_w = reference(h.double() @ w.double().t(), b, 8, 4, 8, True, 1.0)
     rows = decisive(h.double() @ w.double().t(), b, 8, 4, 8, margin=1e-5)
     assert torch.equal(ids[rows], ref_ids[rows])

@@ -22,9 +22,13 @@ contiguous). Gradients: every op's backward is the fallback's math in fp32 accum
 (a fallback route is plain torch in the graph); see ``_dispatch._compiled``.
 
 :func:`moe_gate` (DeepSeek-V3 / Kimi-K2 gate step) is not an op-table entry: it is router_gemm's
-entry (routed like it) followed by the torch selection ``_fallbacks.grouped_topk``; the op table's
-contract (``x . w^T -> [..., N]``, one kernel ABI) does not describe a gate, and no plugin has a
-fused gate kernel yet.
+entry (routed like it) followed by the selection, which ``_gate`` routes to a plugin's selection
+kernel (``KernelSpec(op="moe_gate")``, its own ABI) or to the torch ``_fallbacks.grouped_topk``.
+Why not an ``OpDef``: every consumer of the table (dispatch's bounds and ABI ``(out, x, w, scale, M,
+N, K)``, sweep and tune's (M, N, K) grids against ``fallback(x, w)``, the custom op and its GEMM
+backward, the contract suite, the tests that every plugin serves every op) assumes one GEMM
+contract; a gate has two outputs, six more arguments and a cost that does not depend on K
+(docs/architecture.md, "ops.moe_gate: one op beside the table").
 
 The package, one concern a module:
 
@@ -32,6 +36,7 @@ The package, one concern a module:
   tables and route memos, :func:`decide`, and the eager entry every op calls;
 * ``_fallbacks``: the fallback registry, keyed by the op table;
 * ``_kernel``: operand checks, loading and launching a kernel (never routes);
+* ``_gate``: moe_gate's selection kernel: its route (:func:`decide_moe_gate`), loading, launching, faults;
 * ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``;
 * ``_warmup``: :func:`warmup`, which makes first calls of given shapes safe inside a CUDA-graph capture.
 
@@ -58,9 +63,10 @@ from typing import TYPE_CHECKING, Any
 from .. import _env
 from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
-from . import _dispatch, _fallbacks, _kernel, _library
+from . import _dispatch, _fallbacks, _gate, _kernel, _library
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
 from ._fallbacks import FALLBACKS
+from ._gate import decide as decide_moe_gate
 from ._kernel import NotWarmedError
 from ._warmup import WarmupReport, warmup
 
@@ -68,8 +74,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "fallback", "fp8_gemv", "gemv",
-    "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "decide_moe_gate", "fallback",
+    "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
 ]
 
 _call = _dispatch.call
@@ -107,7 +113,10 @@ def moe_gate(
 
     ``hidden [..., K]`` bf16 and ``weight [N, K]`` bf16 give fp32 logits through :func:`router_gemm`
     (its kernel where its gates allow, the fp32 cuBLAS fallback elsewhere; under ``torch.compile``
-    routed while tracing), then the selection of ``_fallbacks.grouped_topk``: sigmoid, the
+    routed while tracing), then the selection: the plugin's selection kernel, launched right after
+    the GEMM on the same stream, where :func:`decide_moe_gate` says so (sm90: M <= 16, N <= 512,
+    top_k <= 32, n_group <= 32), else the torch ``_fallbacks.grouped_topk`` (also for CPU tensors,
+    a call that needs gradients and under ``torch.compile``), with the same rules: sigmoid, the
     correction ``bias`` ([N] float32, ``e_score_correction_bias``; None: none), ``n_group`` groups
     scored by the sum of their top-2, the ``topk_group`` best kept, the ``top_k`` best experts,
     weights = unbiased scores, normalised if ``renormalize`` (``norm_topk_prob``), times
@@ -116,12 +125,15 @@ def moe_gate(
 
     Gradients: ``topk_weights`` is differentiable in ``hidden`` and ``weight`` (router_gemm's
     backward and torch's for the selection); ids and ``bias`` carry none (``bias`` is refused if it
-    requires grad). No fused kernel yet: the selection is torch ops (fused by inductor when compiled).
+    requires grad). A kernel fault warns once and takes the torch selection from then on.
     """
     n = _check_gate(hidden, weight, bias, top_k, n_group, topk_group)
-    logits = _call(_ROUTER_GEMM, hidden, weight, None, None)
+    logits = _call(_ROUTER_GEMM, hidden, weight, None, None).reshape(-1, n)
     lead = hidden.shape[:-1]
-    ids, weights = _fallbacks.grouped_topk(logits.reshape(-1, n), bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
+    got = _gate.select(logits, bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
+    ids, weights = got if got is not None else _fallbacks.grouped_topk(
+        logits, bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor
+    )
     return ids.reshape(*lead, top_k), weights.reshape(*lead, top_k)
 
 
