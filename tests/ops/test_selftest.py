@@ -160,3 +160,16 @@ def test_summary_is_what_explain_and_doctor_show(device: Any) -> None:
     rows = {r["op"]: r for r in selftest.summary(device)}
     assert rows["router_gemm"]["state"].startswith("FAILED: hwp120_skinny_mma<")
     assert rows["gemv"]["state"].startswith("passed:") and rows["gemv"]["failed"] == 0
+
+
+def test_a_failing_kernel_is_disabled_even_when_its_verdict_cannot_be_written(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only config directory must not keep a kernel that failed its self-test in use."""
+    from hwprofile import WriteError
+
+    def cannot_write(path: Any, verdicts: Any) -> None:
+        raise WriteError(f"could not write the self-test verdicts {path}: Read-only file system")
+
+    monkeypatch.setattr(selftest, "write", cannot_write)
+    with pytest.warns(RuntimeWarning, match="gemv kernel disabled"), pytest.raises(WriteError):
+        selftest.run(device, runner=FakeRunner(bad=("gemv",)))
+    assert ops.decide("gemv", device, m=1, n=4096, k=4096).gate == "failed"

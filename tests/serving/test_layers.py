@@ -283,3 +283,29 @@ def test_compile_warm_refuses_bad_input_in_one_line(seam: Seam, capsys: pytest.C
     assert main(["compile", "--arch", "sm_90a", *args]) == 2
     err = capsys.readouterr().err
     assert re.search(match, err) and len(err.strip().splitlines()) == 1 and not seam.compiles
+
+
+@pytest.mark.parametrize(
+    ("setup", "name", "why"),
+    [
+        ("project", "hwprofile-sm90-cubins", "not a layer package hwprofile wrote"),
+        ("file", "hwprofile-sm90-cubins", "not a directory"),
+        ("none", 'bad"name', "not a distribution name"),
+    ],
+)
+def test_compile_package_never_writes_over_a_users_project(
+    tmp_path: Path, setup: str, name: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--package DIR refuses, before compiling, a directory holding someone's project, a file, or a malformed name."""
+    from hwprofile.cli import main
+
+    target = tmp_path / "pkg"
+    if setup == "project":
+        target.mkdir()
+        (target / "pyproject.toml").write_text('[project]\nname = "mine"\n')
+    elif setup == "file":
+        target.write_text("mine")
+    rc = main(["compile", "--arch", "sm_90a", "--package", str(target), "--package-name", name])
+    assert rc == 2 and why in capsys.readouterr().err.lower()
+    if setup == "project":
+        assert (target / "pyproject.toml").read_text() == '[project]\nname = "mine"\n'

@@ -540,6 +540,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     layers = [args.output] if args.output is not None else []
     if args.package is not None:
+        _check_layer_package(args.package, args.package_name)  # before anything is created: never over a user's project
         layers.append(args.package / "src" / _layer_package_name(args.package_name) / LAYER_SUBDIR)
     for layer in layers:  # before any compile: a bad --output is one line, not minutes of NVRTC later
         os.close(open_layer_for_writing(layer))
@@ -633,6 +634,27 @@ def _layer_package_name(dist: str) -> str:
     if not name or name[0].isdigit():
         raise HwprofileError(f"--package-name {dist!r} is not a distribution name; write e.g. hwprofile-sm90-cubins")
     return name
+
+
+def _check_layer_package(root: Path, dist: str) -> None:
+    """``--package DIR``: a valid distribution name, and DIR absent, empty, or a layer package hwprofile wrote before."""
+    import re
+
+    from .kernels.cache import LAYER_GROUP
+
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", dist):
+        raise HwprofileError(f"--package-name {dist!r} is not a distribution name (PEP 508); write e.g. hwprofile-sm90-cubins")
+    _layer_package_name(dist)
+    if root.is_dir() and any(root.iterdir()):
+        project = root / "pyproject.toml"
+        ours = project.is_file() and not project.is_symlink() and LAYER_GROUP in project.read_text(errors="replace")
+        if not ours:
+            raise HwprofileError(
+                f"--package {root} is a non-empty directory that is not a layer package hwprofile wrote; its files would be "
+                "replaced: choose an empty or new directory"
+            )
+    elif root.exists() and not root.is_dir():
+        raise HwprofileError(f"--package {root} exists and is not a directory; choose a new directory")
 
 
 def _write_layer_package(root: Path, dist: str, targets: list[str]) -> None:
@@ -750,7 +772,7 @@ def _check_plot(plot: Path, output: Path | None) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Everything the user gave (grid, output paths, plot) is checked before the device is touched: a
     refused path or a missing matplotlib must not end minutes of GPU work."""
-    from . import sweep
+    from . import sweep, tuning
     from .tuning import SAMPLES_DIR, tuned_dir
 
     grid, box = _sweep_grid(args)  # before the device: a bad model file or name is an error on any machine
@@ -775,12 +797,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if out is None:
         out = tuned_dir(prof.device, os.environ) / f"{args.op}.toml"  # no home: an error naming HWPROFILE_CONFIG_DIR
         _check_tuned_output(out)
+    if args.report and args.regret_plot is None:  # the default regret plot beside the samples, checked before measuring
+        _check_plot(out.parent / SAMPLES_DIR / f"{out.stem}-regret.png", out)
     try:
         import torch
     except ImportError:
-        raise HwprofileError("sweep needs torch with CUDA") from None
+        raise HwprofileError("sweep needs torch with CUDA, which is not installed here: install a CUDA build of torch") from None
     if not torch.cuda.is_available():
-        raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False")
+        raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False: check that torch is a CUDA build, "
+                             "the NVIDIA driver, and CUDA_VISIBLE_DEVICES")
     if prof.plugin is None or args.op not in prof.kernels:
         raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
     doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70), box=box)
@@ -792,7 +817,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for r in doc["measurements"]
     ]
     print(table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
-    measured_key = f"{args.op}.measured"
+    measured_key = tuning.measured_key(args.op)
     print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items() if k != measured_key))
     print(f"{measured_key}: one decision for each of the {len(doc['measurements'])} measured shapes (the box rule decides elsewhere)")
     for note in doc["sweep"]["notes"]:

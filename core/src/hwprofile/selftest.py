@@ -234,10 +234,10 @@ def run(prof: Profile, *, runner: Runner | None = None, force: bool = False, app
     old = read(path)
     for v in (*good, *fresh):
         old[(v.op, v.instance)] = v
-    write(path, old.values())
     report = Report(prof.device.name, path, [*good, *fresh])
-    if apply:
+    if apply:  # before the write: a verdict file that cannot be written must not keep a failed kernel in use
         report.disabled = disable(table, report.verdicts)
+    write(path, old.values())
     return report
 
 
@@ -280,7 +280,7 @@ def gpu_runner(table: _dispatch._Table, case: Case) -> Outcome:
     out = torch.full((m, n), float("nan"), device=dev, dtype=getattr(torch, d.out_dtype))  # an unwritten element fails
     _kernel.check_operands(case.op, table.index, _dispatch._cpu_index, out, x, w, scale)
     # a fault to build, load or launch warns once there (naming kernel, device, error) and fails the op on the table
-    ok = _kernel.launch(table, case.op, out, x, w, scale, m, n, k, case.scale, bool(table.prof["gemv.split_k"]))
+    ok = _kernel.launch(table, case.op, out, x, w, scale, m, n, k, case.scale)  # the profile's split-K, as dispatch
     if ok:
         torch.cuda.synchronize(dev)
     if not ok:

@@ -462,7 +462,7 @@ def plot_regret(reports: Mapping[str, Sequence[Regret]], path: Path, title: str 
 
     from matplotlib.figure import Figure
 
-    from ._files import atomic_write
+    from ._files import atomic_write, ensure_directory
 
     ops = [op for op, rows in reports.items() if rows]
     if not ops:
@@ -486,7 +486,8 @@ def plot_regret(reports: Mapping[str, Sequence[Regret]], path: Path, title: str 
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format=path.suffix.lstrip(".").lower() or "png", dpi=90)
+    ensure_directory(path.parent, what="regret plot")
     atomic_write(path, buf.getvalue(), what="regret plot")
 
 

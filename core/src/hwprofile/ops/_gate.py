@@ -122,7 +122,7 @@ def _fail(t: _dispatch._Table, why: str) -> None:
     for key in [key for key in _loaded if key[0] == t.index]:
         del _loaded[key]
     warnings.warn(f"hwprofile: moe_gate selection kernel unavailable on cuda:{t.index}, using the torch selection: {why}",
-                  RuntimeWarning, stacklevel=4)  # _fail <- launch <- select <- ops.moe_gate
+                  RuntimeWarning, stacklevel=5)  # _fail <- launch <- select <- ops.moe_gate <- the caller
 
 
 def _kernel_for(t: _dispatch._Table, plan: Launch) -> Any:
