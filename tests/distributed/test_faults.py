@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.distributed.ranks import run_ranks
 
 pytest.importorskip("torch.distributed")
 
@@ -31,23 +31,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    worker = REPO / "tests" / "distributed" / "fault_worker.py"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(worker), str(r), str(WORLD), str(port), str(out)],
-            env=_env(LOCAL_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the gloo ranks hung: " + "\n".join(logs))
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_ranks(REPO / "tests" / "distributed" / "fault_worker.py", lambda r: (str(r), str(WORLD), str(port), str(out)),
+              lambda r: _env(LOCAL_RANK=str(r)), WORLD, 180)
     return out
 
 

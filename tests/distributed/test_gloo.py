@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.distributed.ranks import run_ranks
+
 pytest.importorskip("torch.distributed")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,25 +45,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     out = tmp_path_factory.mktemp("agreement")
     store = out / "store"
     t0 = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "distributed" / "distributed_worker.py"), str(r), str(WORLD), str(store), str(out)],
-            env=_env(LOCAL_RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the gloo ranks hung: " + "\n".join(logs))
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_ranks(REPO / "tests" / "distributed" / "distributed_worker.py", lambda r: (str(r), str(WORLD), str(store), str(out)),
+              lambda r: _env(LOCAL_RANK=str(r)), WORLD, 240)
     return out, time.monotonic() - t0
 
 

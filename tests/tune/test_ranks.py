@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.distributed.ranks import run_ranks
+
 pytest.importorskip("torch.distributed")
 
 from hwprofile import sweep
@@ -27,22 +29,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
         HWPROFILE_DEVICE="h200", HWPROFILE_DISABLE_PLUGINS="myengine", HWPROFILE_CACHE_DIR=os.environ["HWPROFILE_CACHE_DIR"],
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep), OMP_NUM_THREADS="1",
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "tune" / "ranks_worker.py"), str(r), str(WORLD), str(out / "store"), str(out)],
-            env={**env, "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the gloo ranks hung: " + "\n".join(logs))
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_ranks(REPO / "tests" / "tune" / "ranks_worker.py", lambda r: (str(r), str(WORLD), str(out / "store"), str(out)),
+              lambda r: {**env, "LOCAL_RANK": str(r)}, WORLD, 240)
     return out
 
 
