@@ -104,12 +104,11 @@ class Report:
 def cases(prof: Profile) -> list[Case]:
     """Every distinct kernel instance ``prof`` dispatches for its ops' grids and shipped shapes, with a shape that routes to it.
 
-    Shapes: the op table's sweep grid and the kernel family's pre-built shapes; each with every
+    Shapes: the op table's sweep grid and pre-built shapes (``OpDef.prebuilt``); each with every
     scale mode of the op and the profile's split-K. Only shapes the profile's routes send to the
     kernel count (:func:`hwprofile.ops.route`, ignoring kernels failed in this process since): the
     instances the profile can dispatch there.
     """
-    from .kernels.skinny_gemm import PREBUILT_SHAPES
     from .ops import _dispatch
 
     split = bool(prof["gemv.split_k"])
@@ -119,7 +118,7 @@ def cases(prof: Profile) -> list[Case]:
         spec = prof.kernels.get(op)
         if spec is None:
             continue
-        for m, n, k in dict.fromkeys((*d.grid, *PREBUILT_SHAPES.get(op, ()))):
+        for m, n, k in dict.fromkeys((*d.grid, *d.prebuilt)):
             if _dispatch.route(fresh.routes[op], m, n, k) is not None:
                 continue
             for sc in d.scale_modes:
