@@ -158,13 +158,13 @@ def _in_order(text: str, *names: str) -> bool:
 def test_plugins_are_listed_in_natural_order(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     _, out, _ = run(capsys, "plugins", "--json")
-    assert [p["name"] for p in json.loads(out)["plugins"]] == ["myengine", "sm90", "sm100", "sm120"]
+    assert [p["name"] for p in json.loads(out)["plugins"]] == ["hwprofile", "myengine", "sm90", "sm100", "sm120"]  # core's own first
     _, out, _ = run(capsys, "plugins")
     assert _in_order(out, "\nsm90 ", "\nsm100 ", "\nsm120 ")
     assert _in_order(cli.version_text(), "plugin sm90:", "plugin sm100:", "plugin sm120:")
     _, out, _ = run(capsys, "doctor", "--json")
-    assert [k for k in json.loads(out)["versions"] if k.startswith("plugin ")] == ["plugin myengine", "plugin sm90", "plugin sm100",
-                                                                                    "plugin sm120"]
+    assert [k for k in json.loads(out)["versions"] if k.startswith("plugin ")] == ["plugin hwprofile", "plugin myengine", "plugin sm90",
+                                                                                    "plugin sm100", "plugin sm120"]
     _, _, err = run(capsys, "compile", "--arch", "sm_75")
     assert "installed targets: sm_90a, sm_100a, sm_103a, sm_120a, sm_121a" in err
 
@@ -179,7 +179,7 @@ def test_show_names_plugins_in_natural_order(capsys: pytest.CaptureFixture[str],
     monkeypatch.setenv("HWPROFILE_DISABLE_PLUGINS", "sm91")
     hwprofile.reset()
     assert run(capsys, "show")[0] == 0
-    assert "installed plugins: myengine, sm90, sm100, sm120" in caplog.text
+    assert "installed plugins: hwprofile, myengine, sm90, sm100, sm120" in caplog.text
 
 
 # --- one plugin, one label -------------------------------------------------------------------------

@@ -17,8 +17,10 @@ from hwprofile.optable import OPS
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ["core/src", "plugins", "tests", "benchmarks", "examples", "pytest-hwprofile/src"]
 #: registries keyed by op name with facts of their own: REFERENCES (tests/ops/test_contract.py checks every op
-#: has one) and the shared kernel family's PREBUILT_SHAPES (which ops the family computes is no fact of the table)
-REGISTRIES = {("tests/ops/reference.py", "REFERENCES"), ("core/src/hwprofile/kernels/skinny_gemm.py", "PREBUILT_SHAPES")}
+#: has one), a test's float64 truth, which the shipped code must not hold
+REGISTRIES = {("tests/ops/reference.py", "REFERENCES")}
+#: what ships: its per-op facts live in the op table (or in a plugin's KernelSpec, one per op), never in a dict keyed by op
+SHIPPED = ["core/src", "plugins/*/src", "examples/*/src", "pytest-hwprofile/src"]
 
 
 def _literals(tree: ast.AST) -> list[tuple[int, str | None, set[str]]]:
@@ -61,3 +63,34 @@ def test_no_consumer_lists_the_ops_by_hand() -> None:
 def test_the_scan_sees_a_hand_list() -> None:
     src = 'EVERY = ["router_gemm", "linear_bf16_fp32", "gemv"]\nfor op in ("gemv", "fp8_gemv"): pass\n'
     assert [(line, target) for line, target, _ in _literals(ast.parse(src))] == [(1, "EVERY")]
+
+
+def _op_keyed_dicts(tree: ast.AST) -> list[tuple[int, list[str]]]:
+    """(line, op names) of each dict literal or ``dict(op=...)`` call with an op name as a key."""
+    out = []
+    for node in ast.walk(tree):
+        keys: list[str] = []
+        if isinstance(node, ast.Dict):
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value in OPS]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+            keys = [k.arg for k in node.keywords if k.arg in OPS]
+        if keys:
+            out.append((node.lineno, keys))
+    return out
+
+
+def test_no_shipped_module_keeps_a_dict_keyed_by_op() -> None:
+    """One op's fact in a dict of its own (``{"gemv": ...}``) is a second table a new op would silently miss."""
+    found = []
+    for top in SHIPPED:
+        for path in sorted(ROOT.glob(f"{top}/**/*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel == "core/src/hwprofile/optable.py":
+                continue
+            found += [f"{rel}:{line} keys {keys}" for line, keys in _op_keyed_dicts(ast.parse(path.read_text(), rel))]
+    assert not found, "dicts keyed by op names outside the op table (declare the fact in hwprofile.optable):\n" + "\n".join(found)
+
+
+def test_the_scan_sees_an_op_keyed_dict() -> None:
+    src = 'A = {"gemv": 1}\nB = dict(router_gemm=2)\nC = {op: 3 for op in OPS}\nD = {"gemv.split_k": True}\n'
+    assert _op_keyed_dicts(ast.parse(src)) == [(1, ["gemv"]), (2, ["router_gemm"])]

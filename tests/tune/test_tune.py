@@ -140,7 +140,7 @@ def real_gpu(monkeypatch: pytest.MonkeyPatch) -> list[FakeTimer]:
 
     monkeypatch.setattr(retune, "tune", tune)
     monkeypatch.setattr(retune, "cannot_measure", lambda prof: "")
-    real_first = profiles._tune_first
+    real_first = profiles._hand_over
 
     def first(prof: hwprofile.Profile) -> hwprofile.Profile:  # the hook skips simulated devices: pose as a real one
         object.__setattr__(prof.device, "simulated", False)
@@ -149,7 +149,7 @@ def real_gpu(monkeypatch: pytest.MonkeyPatch) -> list[FakeTimer]:
         finally:
             object.__setattr__(prof.device, "simulated", True)
 
-    monkeypatch.setattr(profiles, "_tune_first", first)
+    monkeypatch.setattr(profiles, "_hand_over", first)
     return made
 
 
@@ -265,7 +265,7 @@ import hwprofile
 from hwprofile import profiles, retune
 from hwprofile.ops import _dispatch
 
-first = profiles._tune_first
+first = profiles._hand_over
 
 def pose_real(prof):  # the hook skips simulated devices: pose as a real one
     object.__setattr__(prof.device, "simulated", False)
@@ -274,7 +274,7 @@ def pose_real(prof):  # the hook skips simulated devices: pose as a real one
     finally:
         object.__setattr__(prof.device, "simulated", True)
 
-profiles._tune_first = pose_real
+profiles._hand_over = pose_real
 in_hook, other_has_lock = threading.Event(), threading.Event()
 
 def tune(device=None, **kw):

@@ -36,6 +36,15 @@ Rules common to every hook:
   naming the plugin as well. Nothing a plugin returns is dropped silently.
 * **None** from a hook, or not implementing it, means "nothing to add".
 
+Two hooks are not resolving hooks but the seams through which the layers below reach the tools
+above them (the layers below never import those tools: ``tests/package/test_import_graph.py``):
+:func:`hwprofile_first_profile` (``profile()`` hands a device's first profile over, where core's
+re-tuner runs under ``HWPROFILE_TUNE=stale``) and :func:`hwprofile_check_kernels` (``hwprofile.ops``
+asks before a device's kernels are first dispatched, where core's self-test runs under
+``HWPROFILE_SELFTEST=1``). Core implements both in :mod:`hwprofile._core_plugin`, registered like any
+other plugin, by the entry point ``hwprofile`` of its own distribution. They are the exceptions to
+"pure and cheap": they are never called on a simulated device, and may use the GPU.
+
 Not a hook: a package that ships **prebuilt kernels** (a read-only kernel cache layer, e.g. a
 ``hwprofile-sm90-cubins`` wheel written by ``hwprofile compile --package``) declares an entry point in
 the group ``hwprofile.cubins`` (``name = "package"``, the layer being ``<package>/cubins``), which the
@@ -54,6 +63,7 @@ if TYPE_CHECKING:
     from .catalog import CatalogEntry
     from .device import DeviceInfo
     from .kernels.spec import KernelSpec
+    from .profiles import Profile
     from .registry import ArchSpec
     from .settings import EnvDefault, Setting
 
@@ -176,4 +186,49 @@ def hwprofile_catalog() -> Mapping[str, CatalogEntry] | None:
     **Errors:** a name that is built in, generic, malformed or contributed by two plugins, a value
     that is not a ``CatalogEntry``, or a raise inside the hook is a :class:`~hwprofile.PluginError`
     naming the plugin's distribution and version.
+    """
+
+
+# --- seams: the layers below handing over to the tools above ----------------------------------------------------
+
+
+@hookspec
+def hwprofile_first_profile(profile: Profile) -> Profile | None:
+    """Take over a real device's first profile before ``profile()`` returns it (core: re-tune stale thresholds).
+
+    :param profile: the device's freshly resolved profile, already cached: ``hwprofile.profile()`` for
+        this device returns it meanwhile, in this thread and in others.
+    :returns: the profile ``profile()`` should return instead (one resolved again, e.g. after new tuned
+        files were written: :func:`hwprofile.profiles` caches it), or ``None`` to keep ``profile``.
+
+    **When:** once per real device and process (again after ``hwprofile.reset()``), by the thread whose
+    ``profile()`` resolved it, after resolving, with profiles' lock released; never on a simulated
+    device, and never again while the thread is inside this hook (profiles resolved by the hook do
+    not call it). Called on the selected architecture plugin, then each downstream plugin in
+    pluggy's order; each sees the profile the one before returned.
+
+    **May** measure on the GPU (the exception to "pure and cheap"). A raise is a
+    :class:`~hwprofile.PluginError` naming the plugin, as for every hook; core's implementation never
+    raises (a failed tuning is a warning, and the values already there apply). A result that is not
+    a ``Profile`` of the same device is a ``PluginError``.
+    """
+
+
+@hookspec
+def hwprofile_check_kernels(profile: Profile) -> Mapping[str, str] | None:
+    """Say which of a real device's kernels must not be dispatched (core: the opt-in self-test).
+
+    :param profile: the profile whose dispatch table ``hwprofile.ops`` is building.
+    :returns: ``{op: why}`` for each op whose kernel must not run on this device (the op takes its
+        torch fallback there, with one warning naming the op, the device and ``why``; with
+        ``HWPROFILE_STRICT=1`` a :class:`~hwprofile.KernelError` instead), or ``None``.
+
+    **When:** each time ``hwprofile.ops`` builds a dispatch table for a real device: its first op
+    call, and again when the device's profile changed (tuning, ``hwprofile.reset()``); never for a
+    simulated device. It runs under the dispatch tables' lock, before any op uses the table: other
+    threads' ops on any device wait for it. The hook may run the profile's kernels through
+    ``hwprofile.ops`` (``run_kernel``: the table being built is the one it gets). Called on the
+    selected architecture plugin, then each downstream plugin in pluggy's order.
+
+    An op that is not in the op table, or a reason that is not a string, is a ``PluginError``.
     """

@@ -47,6 +47,7 @@ class OpDef:
         "n_multiple",
         "name",
         "out_dtype",
+        "prebuilt",
         "roof",
         "scale_modes",
         "settings",
@@ -75,6 +76,9 @@ class OpDef:
     threshold: str  #: what a sweep chooses: "max_tokens" (a prefix in M) or "box" (an N x K box at M = 1)
     grid: tuple[tuple[int, int, int], ...]  #: default sweep grid (M, N, K), and the grid a stamp's launch-plan digest covers
     settings: tuple[SettingDecl, ...]  #: the op's settings, declared here once
+    #: the (M, N, K) shapes whose kernel instances ``hwprofile compile`` pre-builds (other shapes compile on first use)
+    #: and the self-test checks; the ops with any are the ones the shared skinny-GEMM family computes
+    prebuilt: tuple[tuple[int, int, int], ...]
     #: the arguments that get gradients (the fallback's math, fp32 accumulation); an argument not
     #: named here that requires grad in grad mode is refused with an error naming the op and argument
     grads: tuple[str, ...]
@@ -84,6 +88,7 @@ class OpDef:
         max_m: Bound, min_n: Bound, max_n: Bound, min_k: Bound, max_k: Bound, threshold: str, grid: tuple[tuple[int, int, int], ...],
         settings: tuple[SettingDecl, ...], n_multiple: Bound = 1, k_multiple: Bound = 1, roof: tuple[Bound, Bound] | None = None,
         x_dtype: str = "bfloat16", scale_modes: tuple[int, ...] = (NO_SCALE,), grads: tuple[str, ...] | None = None,
+        prebuilt: tuple[tuple[int, int, int], ...] = (),
     ) -> None:
         self.name, self.doc, self.args = name, doc, args
         self.x_dtype, self.w_dtype, self.out_dtype, self.scale_modes = x_dtype, w_dtype, out_dtype, scale_modes
@@ -93,7 +98,7 @@ class OpDef:
         self.min_k, self.max_k, self.k_multiple, self.roof = min_k, max_k, k_multiple, roof
         if threshold not in ("max_tokens", "box"):
             raise ValueError(f"op {name}: threshold kind {threshold!r} is not 'max_tokens' or 'box'")
-        self.threshold, self.grid, self.settings = threshold, grid, settings
+        self.threshold, self.grid, self.settings, self.prebuilt = threshold, grid, settings, prebuilt
         self.grads = args[:2] if grads is None else grads
         if not set(self.grads) <= set(args):
             raise ValueError(f"op {name}: grads {self.grads} names an argument not in {args}")
@@ -183,6 +188,23 @@ _FP8_GRID = (*tuple((1, n, k) for n in (2048, 4096, 7168, 12288, 28672, 57344) f
 
 MM_FP32 = "torch.mm(out_dtype=torch.float32)"
 
+#: Decode GEMVs (M = 1) pre-built: the projection shapes of common models (wider than the sweep grids), the
+#: long-K down projections whose x is streamed in chunks (Llama-3.1-70B K = 28672 at N = 8192, Qwen3-32B
+#: K = 25600 at N = 5120, a 32768-wide K at small N, which splits K) and the widest LM head of the model
+#: catalog (Llama-4, vocab 202048); bf16 and FP8 weights alike.
+GEMV_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
+    (1, n, k)
+    for n, k in (
+        (2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168),
+        (8192, 28672), (5120, 25600), (2048, 32768), (202048, 5120),
+    )
+)
+#: Router GEMMs pre-built besides the router's grid: the model catalog's (N experts 8..512 at hidden sizes
+#: 2048..7168: Mixtral, Llama-4, gpt-oss, Qwen3-MoE, GLM-4.5, DeepSeek-V3 / Kimi-K2), at the fewest and most tokens.
+ROUTER_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
+    (m, n, k) for m in (1, 8, 16) for n in (8, 16, 32, 128, 160, 256, 384, 512) for k in (2048, 2880, 4096, 5120, 6144, 7168)
+)
+
 ROUTER_GEMM = OpDef(
     "router_gemm",
     "MoE router logits: hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32 on every path",
@@ -197,6 +219,7 @@ ROUTER_GEMM = OpDef(
     max_k="router_gemm.max_k",
     threshold="max_tokens",
     grid=_ROUTER_GRID,
+    prebuilt=tuple(dict.fromkeys((*_ROUTER_GRID, *ROUTER_SHAPES))),
     settings=(
         _int(
             "router_gemm.max_tokens",
@@ -223,6 +246,7 @@ LINEAR_BF16_FP32 = OpDef(
     max_k="linear_bf16_fp32.max_k",
     threshold="max_tokens",
     grid=_LINEAR_GRID,
+    prebuilt=_LINEAR_GRID,
     settings=(
         _int(
             "linear_bf16_fp32.max_tokens",
@@ -252,6 +276,7 @@ GEMV = OpDef(
     roof=("gemv.cublas_roof_n_min", "gemv.cublas_roof_n_max"),
     threshold="box",
     grid=_GEMV_GRID,
+    prebuilt=GEMV_SHAPES,
     settings=(
         (
             "gemv.split_k",
@@ -285,6 +310,7 @@ FP8_GEMV = OpDef(
     roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
     threshold="box",
     grid=_FP8_GRID,
+    prebuilt=GEMV_SHAPES,
     grads=("x",),  # an e4m3 weight and its scale are quantised, frozen: a gradient for them is refused
     settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv")),
 )

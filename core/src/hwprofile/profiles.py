@@ -19,7 +19,7 @@ from collections.abc import Iterator, KeysView, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _env, _state
+from . import _state
 from . import device as _device
 from ._log import get_logger
 from ._record import Record, _set, final
@@ -399,40 +399,50 @@ def profile(device: int | str | Any = None) -> Profile:
             "profile for device %d (%s): plugin %s, fingerprint %s",
             index, prof.device.name, prof.plugin and prof.plugin.name, prof.fingerprint,
         )
-    # HWPROFILE_TUNE=stale (default off) may measure and re-resolve: outside the lock, so that another thread's op
-    # (whose dispatch table waits on profile() under its own lock) cannot deadlock with the measuring
-    return _tune_first(prof)
+    # the first-profile hook (core's: HWPROFILE_TUNE=stale, default off) may measure and re-resolve: outside the lock,
+    # so that another thread's op (whose dispatch table waits on profile() under its own lock) cannot deadlock with it
+    return _hand_over(prof)
 
 
-# --- HWPROFILE_TUNE: tuning at a device's first profile() (issue 22; the work is hwprofile.retune's) --------------
+# --- the hand-over of a device's first profile (hook hwprofile_first_profile; core's re-tuner implements it) --------
 
-#: The function a device's first profile() hands itself to under HWPROFILE_TUNE=stale, named, not imported:
-#: hwprofile.retune measures through hwprofile.ops, which resolves profiles here, so an import would close a
-#: circle (tests/package/test_import_graph.py). The call goes up one layer by name, as the registry's calls of
-#: plugins do; by then every module on the way is imported in full.
-TUNE_HOOK = "hwprofile.retune:at_first_profile"
-_tuning = threading.local()  # set while this thread tunes: profiles it resolves meanwhile do not tune again
+#: The hook the first profile() of a real device calls (hwprofile.hookspecs): the tools that measure through
+#: hwprofile.ops (hwprofile.retune) sit above this module, so they are reached as plugins, never imported here.
+FIRST_PROFILE_HOOK = "hwprofile_first_profile"
+_handing_over = threading.local()  # set while this thread is inside the hook: profiles it resolves meanwhile do not call it
 
 
-def _tune_first(prof: Profile) -> Profile:
-    """The profile a device's first ``profile()`` returns: ``prof``, or the one resolved after tuning (``HWPROFILE_TUNE``).
+def _hand_over(prof: Profile) -> Profile:
+    """The profile a device's first ``profile()`` returns: ``prof``, or the one the plugins' first-profile hooks return.
 
-    Runs with ``prof`` already cached and the lock released, so tuning (which asks ``profile()`` for the
-    device) finds it, and other threads get it meanwhile. Never on a simulated device, never while this
-    thread is tuning already.
+    Runs with ``prof`` already cached and the lock released, so a hook (core's re-tuner asks ``profile()``
+    for the device) finds it, and other threads get it meanwhile. Never on a simulated device, never while
+    this thread is inside the hook already. A profile a hook returns is cached for the device.
     """
-    if prof.device.simulated or getattr(_tuning, "active", False) or _env.TUNE.read(os.environ) != "stale":
+    reg = _registry
+    if prof.device.simulated or reg is None or getattr(_handing_over, "active", False):
         return prof
-    import importlib
+    from .errors import PluginError
 
-    module, _, name = TUNE_HOOK.partition(":")
-    hook = getattr(importlib.import_module(module), name)
-    _tuning.active = True
+    current = prof
+    _handing_over.active = True
     try:
-        tuned: Profile = hook(prof)
+        for p in reg.participants(prof.plugin, FIRST_PROFILE_HOOK):
+            for _, out in reg.call_layers(FIRST_PROFILE_HOOK, [p], profile=current):
+                if out is None:
+                    continue
+                if not isinstance(out, Profile) or out.device.index != prof.device.index:
+                    raise PluginError(
+                        f"plugin {p.label}: {FIRST_PROFILE_HOOK} must return None or a Profile of device "
+                        f"{prof.device.index}, got {type(out).__name__}"
+                    )
+                current = out
     finally:
-        _tuning.active = False
-    return tuned
+        _handing_over.active = False
+    if current is not prof:
+        with _lock:
+            _profiles[prof.device.index] = current
+    return current
 
 
 def _rebuild(index: int) -> Profile:
@@ -443,7 +453,7 @@ def _rebuild(index: int) -> Profile:
         return prof
 
 
-# --- end of HWPROFILE_TUNE ----------------------------------------------------------------------------------------
+# --- end of the hand-over ---------------------------------------------------------------------------------------
 
 
 def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str, str]) -> Profile:

@@ -13,6 +13,7 @@ it. Its control variables (``HWPROFILE_PLUGIN``, ``HWPROFILE_PLUGIN_FORCE``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -63,6 +64,12 @@ class _Doing:
 
     def __exit__(self, *exc: object) -> None:
         _activity.stack.pop()
+
+
+#: The hooks through which the layers below hand over to the tools above (hwprofile.hookspecs, "seams"): unlike
+#: the resolving hooks, they are called after resolving, outside any plugin activity, and may call profile().
+SEAMS = frozenset({"hwprofile_first_profile", "hwprofile_check_kernels"})
+_NOTHING = contextlib.nullcontext()
 
 
 @final
@@ -286,12 +293,16 @@ class Registry:
     # --- calling ------------------------------------------------------------------------------
 
     def _call_plugin(self, hook: str, info: PluginInfo, **kwargs: Any) -> Any:
-        """Call ``hook`` on one plugin only (its wrappers included); errors name the plugin."""
+        """Call ``hook`` on one plugin only (its wrappers included); errors name the plugin.
+
+        A seam hook (:data:`SEAMS`) may resolve profiles and run ops: it is not marked as this thread's
+        activity, which :func:`current_activity` reports and ``profile()`` refuses to run under.
+        """
         plugin = self.pm.get_plugin(info.name)
         others = [p for p in self.pm.get_plugins() if p is not plugin]
         caller = self.pm.subset_hook_caller(hook, remove_plugins=others)
         try:
-            with _Doing(f"running {hook} of plugin {info.label}"):
+            with _Doing(f"running {hook} of plugin {info.label}") if hook not in SEAMS else _NOTHING:
                 results = caller(**kwargs)
         except PluginError:
             raise

@@ -21,8 +21,9 @@ bounded wait; a process that waits re-reads the directory before it plans, and o
 keeps the values already there.
 
 ``HWPROFILE_TUNE=stale`` runs :func:`at_first_profile` from the first ``profile()`` of a device
-(``hwprofile.profiles`` calls it by name: this module measures through ``hwprofile.ops``, which sits
-above profiles); never on a simulated device, never inside CUDA-graph capture.
+(through the hook ``hwprofile_first_profile``, answered by :mod:`hwprofile._core_plugin`: this module
+measures through ``hwprofile.ops``, which sits above profiles, so profiles never imports it); never on a simulated device, never inside
+CUDA-graph capture.
 """
 
 from __future__ import annotations

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _env, _files
+from . import _files
 from ._log import get_logger
 from .errors import HwprofileError
 from .optable import OPS, TENSOR_SCALE
@@ -105,12 +104,11 @@ class Report:
 def cases(prof: Profile) -> list[Case]:
     """Every distinct kernel instance ``prof`` dispatches for its ops' grids and shipped shapes, with a shape that routes to it.
 
-    Shapes: the op table's sweep grid and the kernel family's pre-built shapes; each with every
+    Shapes: the op table's sweep grid and pre-built shapes (``OpDef.prebuilt``); each with every
     scale mode of the op and the profile's split-K. Only shapes the profile's routes send to the
     kernel count (:func:`hwprofile.ops.route`, ignoring kernels failed in this process since): the
     instances the profile can dispatch there.
     """
-    from .kernels.skinny_gemm import PREBUILT_SHAPES
     from .ops import _dispatch
 
     split = bool(prof["gemv.split_k"])
@@ -120,7 +118,7 @@ def cases(prof: Profile) -> list[Case]:
         spec = prof.kernels.get(op)
         if spec is None:
             continue
-        for m, n, k in dict.fromkeys((*d.grid, *PREBUILT_SHAPES.get(op, ()))):
+        for m, n, k in dict.fromkeys((*d.grid, *d.prebuilt)):
             if _dispatch.route(fresh.routes[op], m, n, k) is not None:
                 continue
             for sc in d.scale_modes:
@@ -213,8 +211,22 @@ def run(prof: Profile, *, runner: Runner | None = None, force: bool = False, app
     """Check every case of ``prof``: reuse verdicts whose stamps match (``force``: none), run the rest, write the file.
 
     ``apply``: disable on this device, with one warning each, the ops with a failed instance (strict
-    mode: raise a :class:`~hwprofile.errors.KernelError` instead).
+    mode: raise a :class:`~hwprofile.errors.KernelError` instead); without it, :attr:`Report.disabled`
+    says which ops would be.
     """
+    report, merged = _check(prof, runner, force)
+    if apply:  # before the write: a verdict file that cannot be written must not keep a failed kernel in use
+        from .ops import _dispatch
+
+        report.disabled = disable(_dispatch.table(prof.device.index), report.verdicts)
+    else:
+        report.disabled = failures(report.verdicts)
+    write(report.path, merged)
+    return report
+
+
+def _check(prof: Profile, runner: Runner | None, force: bool) -> tuple[Report, list[Verdict]]:
+    """Run what has no matching verdict; the report, and every verdict the file will hold (other instances' kept)."""
     import datetime as _dt
 
     from .ops import _dispatch
@@ -234,30 +246,24 @@ def run(prof: Profile, *, runner: Runner | None = None, force: bool = False, app
     old = read(path)
     for v in (*good, *fresh):
         old[(v.op, v.instance)] = v
-    report = Report(prof.device.name, path, [*good, *fresh])
-    if apply:  # before the write: a verdict file that cannot be written must not keep a failed kernel in use
-        report.disabled = disable(table, report.verdicts)
-    write(path, old.values())
-    return report
+    return Report(prof.device.name, path, [*good, *fresh]), list(old.values())
+
+
+def failures(verdicts: Iterable[Verdict]) -> dict[str, str]:
+    """op -> why, for each op with a failed verdict (its first): what disables the op's kernel on the device."""
+    out: dict[str, str] = {}
+    for v in verdicts:
+        if not v.ok and v.op not in out:
+            out[v.op] = f"self-test of {v.instance} at M, N, K = {v.shape} failed: {v.error or f'relative error {v.rel_error:.3g}'}"
+    return out
 
 
 def disable(table: _dispatch._Table, verdicts: Iterable[Verdict]) -> dict[str, str]:
     """Send every op with a failed verdict to its fallback on ``table``'s device, one warning each (strict: raise)."""
-    from .errors import KernelError
+    from .ops import _disable_kernels
 
-    out: dict[str, str] = {}
-    for v in verdicts:
-        if v.ok or v.op in out:
-            continue
-        why = f"self-test of {v.instance} at M, N, K = {v.shape} failed: {v.error or f'relative error {v.rel_error:.3g}'}"
-        out[v.op] = why
-        if table.errors.get(v.op):  # already failed here (a launch error during the test warned): no second warning
-            continue
-        if table.strict:
-            raise KernelError(f"{v.op} on cuda:{table.index} ({table.prof.device.name}): {why}")
-        table.fail(v.op, why)
-        warnings.warn(f"hwprofile: {v.op} kernel disabled on cuda:{table.index} ({table.prof.device.name}): {why}; "
-                      "using the torch fallback", RuntimeWarning, stacklevel=3)
+    out = failures(verdicts)
+    _disable_kernels(table, out)
     return out
 
 
@@ -300,19 +306,33 @@ def on_gpu(prof: Profile) -> bool:
     return not prof.device.simulated
 
 
-def at_first_use(table: _dispatch._Table) -> None:
-    """``HWPROFILE_SELFTEST=1``: check a real device's kernels when its dispatch table is first built (a hook of ``_dispatch.table``)."""
-    if not _env.SELFTEST.read() or not on_gpu(table.prof) or not table.prof.kernels:
-        return
+def at_first_use(prof: Profile) -> dict[str, str]:
+    """``HWPROFILE_SELFTEST=1``: check a real device's kernels when its dispatch table is built; the ops to disable there.
+
+    Core's :func:`~hwprofile.hookspecs.hwprofile_check_kernels` (``hwprofile.ops`` applies the answer). A verdict
+    file that cannot be written costs a warning (the kernels are checked again next time), never the answer.
+    """
+    if not on_gpu(prof) or not prof.kernels:
+        return {}
+    from .ops import _dispatch
+
+    strict = _dispatch.table(prof.device.index).strict  # the table being built: this runs inside its construction
     try:
-        report = run(table.prof)
+        report, merged = _check(prof, None, False)
     except HwprofileError:
-        if table.strict:
+        if strict:
             raise
-        log.warning("hwprofile: the self-test of cuda:%d could not run", table.index, exc_info=True)
-        return
-    log.info("self-test of cuda:%d: %d verdicts (%d run now), %d ops disabled; %s", table.index, len(report.verdicts),
-             sum(v.fresh for v in report.verdicts), len(report.disabled), report.path)
+        log.warning("hwprofile: the self-test of cuda:%d could not run", prof.device.index, exc_info=True)
+        return {}
+    reasons = failures(report.verdicts)
+    try:
+        write(report.path, merged)
+    except HwprofileError as exc:
+        log.warning("hwprofile: the self-test verdicts of cuda:%d were not stored (%s); they run again in the next process",
+                    prof.device.index, exc)
+    log.info("self-test of cuda:%d: %d verdicts (%d run now), %d ops disabled; %s", prof.device.index, len(report.verdicts),
+             sum(v.fresh for v in report.verdicts), len(reasons), report.path)
+    return reasons
 
 
 def summary(prof: Profile) -> list[dict[str, Any]]:

@@ -241,33 +241,10 @@ def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: i
     return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
 
 
-#: Decode GEMVs (M = 1): the projection shapes of common models (wider than the op table's sweep
-#: grids), the long-K down projections whose x is streamed in chunks (Llama-3.1-70B K = 28672 at
-#: N = 8192, Qwen3-32B K = 25600 at N = 5120, a 32768-wide K at small N, which splits K) and the
-#: widest LM head of the model catalog (Llama-4, vocab 202048).
-GEMV_SHAPES: Final[tuple[Shape, ...]] = tuple(
-    (1, n, k)
-    for n, k in (
-        (2048, 7168), (4096, 4096), (7168, 2048), (7168, 16384), (12288, 4096), (16384, 5120), (28672, 4096), (57344, 7168),
-        (8192, 28672), (5120, 25600), (2048, 32768), (202048, 5120),
-    )
-)
-#: Router GEMMs of the model catalog (N experts 8..512 at hidden sizes 2048..7168: Mixtral, Llama-4,
-#: gpt-oss, Qwen3-MoE, GLM-4.5, DeepSeek-V3 / Kimi-K2), at the fewest and most tokens.
-ROUTER_SHAPES: Final[tuple[Shape, ...]] = tuple(
-    (m, n, k) for m in (1, 8, 16) for n in (8, 16, 32, 128, 160, 256, 384, 512) for k in (2048, 2880, 4096, 5120, 6144, 7168)
-)
-#: The ops the family's kernels compute, each with the (M, N, K) shapes whose instances ``hwprofile
-#: compile`` pre-builds (other shapes compile on first use). A registry of the family's own: which ops
-#: its kernels compute is no fact of the op table (an op's dtypes do not say what it computes). The
-#: fp32-output ops pre-build their sweep grid (M = 1..16 at the router / linear widths; the router
-#: also the catalog's routers); the GEMVs the projection shapes of common models, bf16 and FP8
-#: weights alike.
-PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType(
-    {"router_gemm": tuple(dict.fromkeys((*optable.get("router_gemm").grid, *ROUTER_SHAPES))),
-     "linear_bf16_fp32": optable.get("linear_bf16_fp32").grid,
-     "gemv": GEMV_SHAPES, "fp8_gemv": GEMV_SHAPES}
-)
+#: The ops the family's kernels compute, each with the (M, N, K) shapes whose instances ``hwprofile compile``
+#: pre-builds: a read-only view of the op table's ``OpDef.prebuilt`` (the fact is declared there, once), for the
+#: ops that have any.
+PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType({op: d.prebuilt for op, d in optable.OPS.items() if d.prebuilt})
 
 
 def _doc(d: optable.OpDef) -> str:

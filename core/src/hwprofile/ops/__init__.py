@@ -57,10 +57,10 @@ If torch is already imported, binding happens at import.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import _env
 from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 from . import _dispatch, _fallbacks, _gate, _kernel, _library
@@ -210,15 +210,43 @@ def run_kernel(op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sca
     return _kernel.launch(t, op, out, x, w, scale, m, n, k, mode, split_k)
 
 
-def _selftest_at_first_use(t: _dispatch._Table) -> None:
-    """``HWPROFILE_SELFTEST=1``: self-test the kernels of a real device when its dispatch table is built (:mod:`hwprofile.selftest`)."""
-    if _env.SELFTEST.read():
-        from .. import selftest
-
-        selftest.at_first_use(t)
+#: The hook asked when a device's dispatch table is built (hwprofile.hookspecs): the tools that run kernels
+#: through this package (hwprofile.selftest) sit above it, so they are reached as plugins, never imported here.
+CHECK_KERNELS_HOOK = "hwprofile_check_kernels"
 
 
-_dispatch.on_new_table.append(_selftest_at_first_use)
+def _check_kernels(t: _dispatch._Table) -> None:
+    """Ask the plugins which of the new table's kernels must not run (core's answer: the opt-in ``HWPROFILE_SELFTEST=1``)."""
+    if not t.prof.kernels:
+        return
+    from ..errors import PluginError
+    from ..profiles import registry
+
+    reg = registry()
+    for p, out in reg.call_layers(CHECK_KERNELS_HOOK, reg.participants(t.prof.plugin, CHECK_KERNELS_HOOK), profile=t.prof):
+        if out is None:
+            continue
+        if not isinstance(out, Mapping) or not all(op in OPS and isinstance(why, str) for op, why in out.items()):
+            raise PluginError(f"plugin {p.label}: {CHECK_KERNELS_HOOK} must return None or {{op: reason}} for ops of the "
+                              f"op table ({', '.join(OPS)}), got {out!r:.120}")
+        _disable_kernels(t, out)
+
+
+def _disable_kernels(t: _dispatch._Table, reasons: Mapping[str, str], stacklevel: int = 4) -> None:
+    """Send each op of ``reasons`` to its fallback on ``t``'s device, one warning each (strict mode: raise instead)."""
+    from ..errors import KernelError
+
+    for op, why in reasons.items():
+        if t.errors.get(op):  # already failed here (a launch error warned): no second warning
+            continue
+        if t.strict:
+            raise KernelError(f"{op} on cuda:{t.index} ({t.prof.device.name}): {why}")
+        t.fail(op, why)
+        warnings.warn(f"hwprofile: {op} kernel disabled on cuda:{t.index} ({t.prof.device.name}): {why}; using the torch fallback",
+                      RuntimeWarning, stacklevel=stacklevel)
+
+
+_dispatch.on_new_table.append(_check_kernels)
 
 
 # The public functions, hidden until register() binds torch (the module docstring says why).
