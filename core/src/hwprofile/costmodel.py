@@ -31,6 +31,7 @@ provenance, stamps, staleness, ``explain`` and the cross-rank agreement cover th
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, NamedTuple
@@ -84,7 +85,7 @@ class PathFit(Record):
         lb = math.log2(max(nbytes, 1.0))
         if lb <= ks[0][0]:
             return ks[0][1]
-        for (b0, w0), (b1, w1) in zip(ks, ks[1:], strict=False):
+        for (b0, w0), (b1, w1) in itertools.pairwise(ks):
             if lb <= b1:
                 f = (lb - b0) / (b1 - b0)
                 return math.exp(math.log(w0) + f * (math.log(w1) - math.log(w0)))

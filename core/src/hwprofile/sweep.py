@@ -385,6 +385,24 @@ def report(prof: Any, doc: Mapping[str, Any]) -> list[Regret]:
     return out
 
 
+def cross_validate(doc: Mapping[str, Any], model_files: Sequence[Path | str] = ()) -> list[Any]:
+    """Leave-one-model-out over a :func:`run` result: for each catalog model (the shipped catalog and
+    ``model_files``), the cost model fitted on the other models' measured shapes and the box edges predicts
+    that model's (:func:`hwprofile.costmodel.cross_validate`); rows are :class:`hwprofile.costmodel.Held`."""
+    from . import costmodel
+    from . import models as catalog
+    from .optable import get
+
+    op = doc["stamp"]["op"]
+    found = [Point(int(r["m"]), int(r["n"]), int(r["k"]), [float(r["kernel_us"])] if float(r["kernel_us"]) > 0 else [],
+                   [float(r["fallback_us"])]) for r in doc["measurements"]]
+    per_model: dict[str, set[tuple[int, int, int]]] = {}
+    for shape, names in catalog.origins(op, catalog.load(model_files)).items():
+        for name in names:
+            per_model.setdefault(name.split()[0], set()).add(shape)
+    return costmodel.cross_validate(op, samples(found), per_model, get(op).grid)
+
+
 def geomean(xs: Iterable[float]) -> float:
     """Geometric mean (1.0 for no values)."""
     vals = list(xs)

@@ -34,7 +34,10 @@ def hwprofile_arch() -> ArchSpec:
 # M limits, split-K), so `hwprofile explain OP --shape MxNxK` says "predicted, not measured on this SKU" and
 # `hwprofile tune` measures these ops first. Only what differs is stated here: the SKU and why split-K.
 _SKU = "SM120"
-_SPLIT_K = "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N (the GEMVs, the router GEMM and the small-M linear kernel)"
+_SPLIT_K = (
+    "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N "
+    "(the GEMVs, the router GEMM and the small-M linear kernel)"
+)
 
 
 @hookimpl
