@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests firstrun ops eager floor engine sweeps catalog variants counters clocks import agreement)
+SUITES=(tests firstrun ops eager floor engine sweeps catalog heldout variants counters clocks import agreement)
 
 usage() {
   cat <<'EOF'
@@ -29,6 +29,9 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
   sweeps     hwprofile sweep of each op, stamped (OP.toml, OP.png, OP.log, samples/); OPS="..." narrows it
   catalog    catalog_h200.py: every op over the served-model catalog + box edges in one run: regret per shape,
              fp8 vs bf16, stamped tuned files (catalog.log/json, catalog_regret.png, tuned/); OPS="a,b" narrows it
+  heldout    heldout_h200.py: every op at the catalog + box edges + benchmarks/heldout_models.toml: cost-model regret
+             held out (leave-one-model-out, and fit on the catalog evaluated on the held-out file), tuned files
+             fitted on the catalog (heldout.log/json, heldout_regret.png, tuned/); ship with benchmarks/ship_sm90.py
   variants   variants_sm90.py round ROUND (default 7; ROUND="6 7" for several)
   counters   ncu_gemv.py under Nsight Compute: details page (ncu.csv) and raw page (ncu_raw.csv)
   clocks     clocks_gemv.py: sustained vs isolated GEMV, clocks and power (clocks.log/json)
@@ -197,6 +200,11 @@ suite_sweeps() {
 suite_catalog() {
   step catalog.log env OUT="$D" python3 benchmarks/catalog_h200.py ${OPS:+--ops "$OPS"}
   grep -E "geomean|^FAIL|^PASS|measured [0-9]+ shapes" "$D/catalog.log"
+}
+
+suite_heldout() {
+  step heldout.log env OUT="$D" python3 benchmarks/heldout_h200.py ${OPS:+--ops "$OPS"}
+  grep -E "geomean|^FAIL|^PASS" "$D/heldout.log"
 }
 
 suite_variants() {

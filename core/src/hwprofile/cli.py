@@ -818,8 +818,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     ]
     print(table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
     measured_key = tuning.measured_key(args.op)
-    print("\nthresholds: " + ", ".join(f"{k} = {v}" for k, v in doc["thresholds"].items() if k != measured_key))
-    print(f"{measured_key}: one decision for each of the {len(doc['measurements'])} measured shapes (the box rule decides elsewhere)")
+    print("\n" + "\n".join(f"{k} = {v}" for k, v in doc["thresholds"].items() if k != measured_key))
+    print(f"{measured_key}: one decision for each of the {len(doc['measurements'])} measured shapes (the cost model predicts elsewhere)")
     for note in doc["sweep"]["notes"]:
         print(f"note: {note}")
     samples = sweep.write(doc, out)
@@ -831,7 +831,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sweep.plot(doc, args.plot)
         print(f"wrote {args.plot}")
     if args.report:
-        _sweep_report(prof, doc, args.regret_plot or out.parent / SAMPLES_DIR / f"{out.stem}-regret.png")
+        _sweep_report(prof, doc, args.regret_plot or out.parent / SAMPLES_DIR / f"{out.stem}-regret.png", args.models_file)
     return 0
 
 
@@ -877,8 +877,9 @@ def _sweep_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int, int]], l
     return sorted({*catalog, *box}), box
 
 
-def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path) -> None:
-    """``hwprofile sweep --report``: per measured shape both times, the path the result takes and its regret; a plot."""
+def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path, model_files: Any = ()) -> None:
+    """``hwprofile sweep --report``: per measured shape both times, the path the result takes and its regret, the
+    held-out (leave-one-model-out) regret of the cost model; a plot of both."""
     from . import sweep
 
     rows = sweep.report(prof, doc)
@@ -889,8 +890,21 @@ def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path) -> None:
         f"\nregret (time of the path taken / time of the faster path): geomean {sweep.geomean(r.regret for r in rows):.4f}, "
         f"worst {worst.regret:.3f} at M={worst.m} N={worst.n} K={worst.k}"
     )
+    held = sweep.cross_validate(doc, model_files)
+    if held:
+        from .costmodel import summary
+
+        sm = summary(held)
+        print(
+            f"held out (leave one model out: the cost model fitted without each model's shapes, box edges always in): "
+            f"{sm['shapes']} shapes, geomean {sm['geomean']:.4f}, worst {sm['worst']:.3f} ({sm['worst_at']}), "
+            f"{sm['over']} over 1.05; models held out: {', '.join(map(str, sm['models']))}"  # type: ignore[call-overload]
+        )
     try:
-        sweep.plot_regret({doc["stamp"]["op"]: rows}, plot_path, title=f"{doc['stamp']['device']}, {doc['stamp']['date']}")
+        reports: dict[str, Any] = {doc["stamp"]["op"]: rows}
+        if held:
+            reports[f"{doc['stamp']['op']} held out"] = held
+        sweep.plot_regret(reports, plot_path, title=f"{doc['stamp']['device']}, {doc['stamp']['date']}")
     except ImportError:
         print("no regret plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return

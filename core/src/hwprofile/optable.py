@@ -3,8 +3,9 @@
 One :class:`OpDef` per op holds every fact about the op that more than one module needs: its
 contract (argument names, dtypes, output dtype), the settings that gate its kernel (declared here,
 turned into :class:`~hwprofile.settings.Setting` objects by ``settings.py``), the dispatch bounds
-(constants or setting keys), the identity string of its fallback that tuning stamps record, the
-default sweep grid and the kind of threshold a sweep chooses.
+(the kernel's limits, constants or setting keys), the settings of its cost model and per-shape
+decisions (``<op>.model``, ``<op>.measured``), the identity string of its fallback that tuning
+stamps record, the default sweep grid and the op's shape family.
 
 Every consumer iterates :data:`OPS` rather than keeping its own list: ``hwprofile.ops`` builds one
 run-time entry per op and refuses to import when one lacks a fallback (``ops._fallbacks.FALLBACKS``,
@@ -130,35 +131,29 @@ def _int(key: str, default: int, doc: str, lo: int = 0, hi: int = 1 << 24, bit_i
     return (key, "int", default, doc, bit_identical, lo, hi)
 
 
-def _mnk_bounds(op: str, what: str, n: tuple[int, int], k: tuple[int, int]) -> tuple[SettingDecl, ...]:
-    """N and K bounds of a swept region; the defaults are the default grid's extremes (what was measured)."""
+def _kernel_limits(op: str, what: str, *, min_n: int, min_k: int) -> tuple[SettingDecl, ...]:
+    """What a kernel of the skinny-GEMM family takes: the only box dispatch keeps (inside it, measured shapes
+    and the cost model decide; the plan gate refuses what a target's limits cannot launch). The kernels stream
+    x through shared memory in chunks, so K is bounded by what is served, not by shared memory: twice the
+    catalog's longest K (32768), and N past its widest LM head (202048)."""
     return (
-        _int(f"{op}.min_n", n[0], f"smallest N the {what} is dispatched for (smallest N the sweep measured)", 1),
-        _int(f"{op}.max_n", n[1], f"largest N the {what} is dispatched for (largest N the sweep measured)", 0),
-        _int(f"{op}.min_k", k[0], f"smallest K the {what} is dispatched for (smallest K the sweep measured)", 1, 1 << 20),
-        _int(f"{op}.max_k", k[1], f"largest K the {what} is dispatched for (largest K the sweep measured)", 0, 1 << 20),
+        _int(f"{op}.min_k", min_k, f"smallest K the {what} takes", 1, 1 << 20),
+        _int(f"{op}.max_k", 65536, f"largest K the {what} takes (x streamed through shared memory in chunks)", 1, 1 << 20),
+        _int(f"{op}.min_n", min_n, f"smallest N the {what} takes", 1),
+        _int(f"{op}.max_n", 262144, f"largest N the {what} takes", 1),
     )
 
 
 def _gemv_settings(op: str, what: str, vec: int) -> tuple[SettingDecl, ...]:
-    """A GEMV kernel's bounds. The kernels stream x through shared memory in chunks, so K is bounded by
-    what is served, not by shared memory: twice the catalog's longest K (32768), and N past its widest
-    LM head (202048); ``vec`` is the kernel's 16-byte load in weight elements (K = 2880 is 180 of 16)."""
+    """A GEMV kernel's limits: any K of whole 16-byte loads (``vec`` weight elements: K = 2880 is 180 of 16;
+    the H200 catalog ran fp8_gemv 1x5120x192 in 3.6 µs against the fallback's 10.7), N from 64 in multiples
+    of 8; and an optional N range left to the fallback (off: the cost model decides)."""
     return (
-        _int(f"{op}.min_k", 512, f"smallest K the {what} takes", 1, 1 << 20),
-        _int(f"{op}.max_k", 65536, f"largest K the {what} takes (x streamed through shared memory in chunks)", 1, 1 << 20),
+        *_kernel_limits(op, what, min_n=64, min_k=vec),
         _int(f"{op}.k_multiple", vec, f"K must be a multiple of this for the {what} (its 16-byte loads)", 1, 1 << 16),
         _int(f"{op}.n_multiple", 8, f"N must be a multiple of this for the {what}", 1, 1 << 16),
-        _int(f"{op}.min_n", 64, f"smallest N the {what} takes", 1),
-        _int(f"{op}.max_n", 262144, f"largest N the {what} takes", 1),
-        _int(
-            f"{op}.cublas_roof_n_min", 12288, f"from this N (inclusive) the fallback is near the bandwidth roof and the {what} is not used"
-        ),
-        _int(
-            f"{op}.cublas_roof_n_max",
-            32768,
-            "up to this N (exclusive) the fallback is near the bandwidth roof; equal to the min to disable the gap",
-        ),
+        _int(f"{op}.cublas_roof_n_min", 0, f"from this N (inclusive) the {what} is never used, whatever the cost model says (0: no range)"),
+        _int(f"{op}.cublas_roof_n_max", 0, "up to this N (exclusive) the fallback is always taken; equal to the min: no range"),
     )
 
 
@@ -173,7 +168,26 @@ def _measured(op: str) -> SettingDecl:
         "str",
         "",
         f"per-shape decisions of a sweep of {op} (MxNxK=kernel|fallback:KERNEL_US/FALLBACK_US; '; '-separated): "
-        "the path taken at each measured shape; the box rule decides elsewhere",
+        f"the path taken at each measured shape; {op}.model predicts elsewhere, corrected by these times",
+        True,
+        None,
+        None,
+    )
+
+
+def _model(op: str) -> SettingDecl:
+    """``<op>.model``: the cost model's parameters (format: ``hwprofile.costmodel.MODEL_FORMAT``), fitted by a sweep.
+
+    A str for the reasons ``<op>.measured`` is one; dispatch parses it once per device table. Empty:
+    no model, so outside the measured shapes the fallback is taken (nothing predicts the kernel faster).
+    """
+    return (
+        f"{op}.model",
+        "str",
+        "",
+        f"cost model of {op}'s kernel and fallback over (M, N, K) (a launch + bytes/bandwidth trend per path, corrected by the "
+        f"nearest {op}.measured shapes), fitted by 'hwprofile sweep {op}': the faster predicted path is taken at shapes "
+        "nobody measured; empty: the fallback there",
         True,
         None,
         None,
@@ -224,12 +238,13 @@ ROUTER_GEMM = OpDef(
         _int(
             "router_gemm.max_tokens",
             16,
-            "largest M the JIT router GEMM is dispatched for; measured against the fp32-output cuBLAS fallback",
+            "largest M the JIT router GEMM takes (the kernel's limit: M <= 16); inside it the cost model decides",
             0,
             16,
         ),
-        *_mnk_bounds("router_gemm", "JIT router GEMM", (256, 384), (7168, 7168)),
+        *_kernel_limits("router_gemm", "JIT router GEMM", min_n=1, min_k=8),
         _measured("router_gemm"),
+        _model("router_gemm"),
     ),
 )
 LINEAR_BF16_FP32 = OpDef(
@@ -251,12 +266,14 @@ LINEAR_BF16_FP32 = OpDef(
         _int(
             "linear_bf16_fp32.max_tokens",
             0,
-            "largest M for which linear_bf16_fp32 uses the plugin's small-M kernel instead of cuBLAS (0: never)",
+            "largest M for which linear_bf16_fp32 may use the plugin's small-M kernel (its limit is 16; 0: never); "
+            "inside it the cost model decides",
             0,
             16,
         ),
-        *_mnk_bounds("linear_bf16_fp32", "small-M linear kernel", (256, 4096), (7168, 7168)),
+        *_kernel_limits("linear_bf16_fp32", "small-M linear kernel", min_n=1, min_k=8),
         _measured("linear_bf16_fp32"),
+        _model("linear_bf16_fp32"),
     ),
 )
 GEMV = OpDef(
@@ -290,6 +307,7 @@ GEMV = OpDef(
         ),
         *_gemv_settings("gemv", "bf16 GEMV kernel (M = 1)", 8),
         _measured("gemv"),
+        _model("gemv"),
     ),
 )
 FP8_GEMV = OpDef(
@@ -312,7 +330,7 @@ FP8_GEMV = OpDef(
     grid=_FP8_GRID,
     prebuilt=GEMV_SHAPES,
     grads=("x",),  # an e4m3 weight and its scale are quantised, frozen: a gradient for them is refused
-    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv")),
+    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv"), _model("fp8_gemv")),
 )
 
 #: every op, by name, in the order the CLI and the docs list them

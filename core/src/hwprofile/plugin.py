@@ -56,6 +56,10 @@ Measured thresholds:
 * ``shipped_stamp(package, file, op=None)``: the ``[stamp]`` of a sweep file a plugin ships as
   package data, exactly as ``hwprofile sweep OP`` wrote it: the fallback it records is the one the
   sweep measured, so the value goes stale at run time when hwprofile's fallback for the op changes.
+* ``shipped_values(package, file, op, reason)``: every ``[thresholds]`` value of such a file as a
+  ``Value`` carrying that stamp (the per-shape table and the cost model a sweep wrote).
+* ``unmeasured_settings(device, sku=, split_k_reason=)``: what a plugin of an unmeasured SKU states
+  (the cost model's bandwidth-rule defaults, split-K), each saying "not measured on" the SKU.
 
 For a plugin's tests:
 
@@ -117,8 +121,10 @@ __all__ = [
     "prebuilt_instances",
     "profile_for",
     "shipped_stamp",
+    "shipped_values",
     "simulated_device",
     "tuning_for_device",
+    "unmeasured_settings",
 ]
 
 
@@ -175,6 +181,55 @@ def _read_shipped_stamp(package: str, file: str) -> Stamp:
             f"plugin package {package!r}, sweep file {file!r} ({path}): {why}, and ship its [stamp] and [thresholds] as this file"
         ) from None
     return stamp
+
+
+def shipped_values(package: str, file: str, op: str, reason: str) -> dict[str, Value]:
+    """Every ``[thresholds]`` value of the sweep file ``file`` of ``package`` as a :class:`Value` with the file's
+    stamp and ``reason`` (read on the first call, like :func:`shipped_stamp`): a plugin ships a sweep's result as written."""
+    stamp = shipped_stamp(package, file, op=op)
+    pkg = _package_dir(package)
+    assert pkg is not None  # shipped_stamp refused a package that is not importable
+    _, thresholds = read_tuned(pkg / file)
+    return {key: Value(value, reason, stamp) for key, value in thresholds.items()}
+
+
+#: the bandwidth rule's fixed per-call costs (µs): the H200 catalog fit's trends (hwprofile_sm90/measured/): the
+#: fp32-output kernel 1.3 against cuBLAS's 4.7, the bf16 GEMVs 3.0 both, the FP8 kernel 3.3 against 9.7
+_KERNEL_LAUNCH_US = {"float32": 1.3, "bfloat16": 3.0}
+_FALLBACK_LAUNCH_US = {"float32": 4.7, "bfloat16": 3.0}
+
+
+def _rule_model(op: OpDef, tbps: float) -> str:
+    """A cost model by the bandwidth rule: both paths move the call's bytes at 0.85 x the device's peak after
+    a fixed per-call cost (the H200 fit's, by output dtype); an FP8 fallback that dequantises moves 3x the bytes."""
+    from .costmodel import CostModel, PathFit, format_model
+
+    bw = round(0.85 * tbps, 3)
+    fp8 = op.scaled
+    kernel = PathFit(3.3 if fp8 else _KERNEL_LAUNCH_US[op.out_dtype], [(10, bw)])
+    fallback = PathFit(9.7 if fp8 else _FALLBACK_LAUNCH_US[op.out_dtype], [(10, round(bw / 3, 3) if fp8 else bw)])
+    return format_model(CostModel(op.name, kernel, fallback, samples=0))
+
+
+def unmeasured_settings(device: DeviceInfo, *, sku: str, split_k_reason: str) -> dict[str, Value]:
+    """The settings a plugin for an SKU nobody measured states, the same rule for each (sm100 and sm120 call it).
+
+    * ``<op>.model`` for every op of the table: the bandwidth rule (:func:`_rule_model`) at the device's peak
+      bandwidth (bus width x memory clock x 2; 1 TB/s where unknown). A kernel with a smaller fixed cost is
+      predicted faster at every shape (the router GEMM and the small-M linear, as on the H200), an equal one
+      never (the bf16 GEMV: a tie goes to the fallback), the FP8 kernel wherever its third of the bytes wins.
+      ``explain`` says "predicted, not measured on this SKU"; ``hwprofile tune`` measures it first.
+    * the M limits of the fp32-output kernels (16), and ``gemv.split_k`` on (``split_k_reason`` says why).
+    """
+    width, clock = getattr(device, "memory_bus_width_bits", 0), getattr(device, "max_memory_clock_mhz", 0)
+    tbps = width / 8 * clock * 2 / 1e6 if width and clock else 1.0
+    why = f"not measured on {sku}; bandwidth rule at {tbps:.2f} TB/s peak (hwprofile.plugin.unmeasured_settings)"
+    out = {f"{name}.model": Value(_rule_model(op, tbps), why) for name, op in OPS.items()}
+    for op in OPS.values():
+        if isinstance(op.max_m, str):
+            out[op.max_m] = Value(16, f"the kernel's limit (M <= 16); inside it the cost model decides; {why}")
+    out["gemv.split_k"] = Value(True, f"{split_k_reason}; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0; not measured on {sku}")
+    return out
 
 
 def simulated_device(capability: tuple[int, int], name: str | None = None, *, index: int = 0) -> DeviceInfo:

@@ -1,10 +1,10 @@
 """``hwprofile sweep``: time a kernel against its fallback, pick thresholds and per-shape decisions, write them stamped.
 
 By default it measures the served-model catalog's decode shapes plus the op table's grid (the box
-edges): the threshold rule is chosen from the box edges, and every measured shape gets its own
-decision (``<op>.measured``, which dispatch takes before the rule). The crossover logic is pure
-(:func:`verdict`, :func:`max_tokens`, :func:`predicate_box`, :func:`decision_table`) and so is the
-regret report (:func:`report`); they are tested on the CPU with made-up timings (any
+edges): the cost model (``<op>.model``, :mod:`hwprofile.costmodel`) is fitted on every measured
+shape, and every measured shape gets its own decision (``<op>.measured``, which dispatch takes
+before the model). The crossover logic is pure (:func:`verdict`, :func:`decision_table`)
+and so is the regret report (:func:`report`); they are tested on the CPU with made-up timings (any
 :class:`Timer`); :class:`GpuTimer` does the measuring on a real GPU (cold L2 by rotating weight
 copies, CUDA-graph replay, median of many replays, warm-up excluded).
 """
@@ -91,74 +91,24 @@ def verdict(p: Point) -> str:
     return "tie"
 
 
-def _wins(p: Point, ties: str) -> bool:
-    v = verdict(p)
-    return v == "kernel" or (v == "tie" and ties == "kernel")
+def samples(points: Sequence[Point]) -> list[Any]:
+    """The cost model's samples (:class:`hwprofile.costmodel.Sample`) of measured points: both medians."""
+    from .costmodel import Sample
 
-
-def max_tokens(points: Iterable[Point], ties: str = "fallback") -> tuple[int, list[str]]:
-    """Largest M such that the kernel wins at every M' <= M for every measured N (0 if it never does).
-
-    Kernel wins above a loss are not taken (dispatch is "M <= threshold"); they come back as notes.
-    """
-    by_m: dict[int, list[Point]] = {}
-    for p in points:
-        by_m.setdefault(p.m, []).append(p)
-    best, notes, broken = 0, [], False
-    for m in sorted(by_m):
-        ok = all(_wins(p, ties) for p in by_m[m])
-        if ok and not broken:
-            best = m
-        elif not ok and not broken:
-            broken = True
-        elif ok and broken:
-            notes.append(f"kernel also wins at M={m}, above a loss: not dispatched (non-monotone)")
-    return best, notes
-
-
-def predicate_box(points: Iterable[Point], ties: str = "fallback") -> tuple[int, int, list[str]]:
-    """(max_n, max_k): the largest all-winning box N <= max_n, K <= max_k over the measured grid."""
-    pts = list(points)
-    ns = sorted({p.n for p in pts})
-    ks = sorted({p.k for p in pts})
-    win = {(p.n, p.k): _wins(p, ties) for p in pts}
-    best = (0, 0, 0)
-    for n_max in ns:
-        for k_max in ks:
-            cells = [(n, k) for n in ns if n <= n_max for k in ks if k <= k_max if (n, k) in win]
-            if cells and all(win[c] for c in cells) and len(cells) > best[0]:
-                best = (len(cells), n_max, k_max)
-    notes = [
-        f"kernel also wins at N={n}, K={k}, outside the box: not dispatched"
-        for (n, k), w in sorted(win.items())
-        if w and not (n <= best[1] and k <= best[2])
-    ]
-    return best[1], best[2], notes
+    return [Sample(p.m, p.n, p.k, p.kernel if p.kernel_us else None, p.fallback) for p in points]
 
 
 def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[str, int | str], list[str]]:
-    """The settings a sweep of ``op`` decides: its threshold and the bounds of the region it measured.
+    """The settings a sweep of ``op`` decides besides its per-shape table: the cost model, fitted on ``points``.
 
-    Outside the measured N and K the op keeps its fallback (nobody measured there).
+    The kernel's limits are the op table's (what the kernel takes), not a sweep's: no box is written.
+    ``ties`` is the per-shape tie rule (:func:`decision_table`); the model predicts strict wins only.
     """
-    from .optable import get
+    from . import costmodel
 
-    d = get(op)
-    ns, ks = [p.n for p in points], [p.k for p in points]
-    if d.threshold == "max_tokens":
-        m, notes = max_tokens(points, ties)
-        return {
-            f"{op}.max_tokens": m,
-            f"{op}.min_n": min(ns),
-            f"{op}.max_n": max(ns),
-            f"{op}.min_k": min(ks),
-            f"{op}.max_k": max(ks),
-        }, notes
-    n, k, notes = predicate_box(points, ties)
-    out: dict[str, int | str] = {f"{op}.min_n": min(ns), f"{op}.max_n": n, f"{op}.min_k": min(ks), f"{op}.max_k": k}
-    if d.roof is not None:
-        out.update({b: 0 for b in d.roof if isinstance(b, str)})
-    return out, notes
+    model = costmodel.fit(op, samples(points))
+    notes = [] if model.kernel is not None else [f"{op}: the kernel ran at no measured shape: the model never predicts it faster"]
+    return {costmodel.model_key(op): costmodel.format_model(model)}, notes
 
 
 def replay_times(fn: Callable[[int], Any], calls: int, reps: int, dev: Any) -> list[float]:
@@ -321,11 +271,11 @@ def run(
     date: str | None = None,
     box: Sequence[tuple[int, int, int]] | None = None,
 ) -> dict[str, Any]:
-    """Measure every grid point, choose thresholds, and return the stamped tuned-file document.
+    """Measure every grid point, fit the cost model, and return the stamped tuned-file document.
 
-    The threshold and box are chosen from the points of ``box`` (default: the whole grid; points of
-    ``box`` not in ``grid`` are measured too); every measured shape also gets its own decision,
-    ``<op>.measured``, which dispatch takes before the rule. The stamp's plan digest covers the
+    The cost model (``<op>.model``) is fitted on every measured point (``box`` points not in ``grid``
+    are measured too; the plot draws them); every measured shape also gets its own decision,
+    ``<op>.measured``, which dispatch takes before the model. The stamp's plan digest covers the
     op's grid and every measured shape (``stamp.shapes`` lists those outside the grid).
     """
     from . import tuning as stamps
@@ -337,7 +287,7 @@ def run(
         if progress:
             progress(i + 1, len(shapes), f"{op} M={m} N={n} K={k}")
     in_box = set(box) if box is not None else set(shapes)
-    chosen, notes = thresholds_for(op, [p for p in points if (p.m, p.n, p.k) in in_box], ties)
+    chosen, notes = thresholds_for(op, points, ties)  # every measured shape, box edges included
     table = decision_table(points, ties)
     spec = prof.kernels.get(op)
     notes += _routable(prof, op, table, spec)
@@ -435,6 +385,24 @@ def report(prof: Any, doc: Mapping[str, Any]) -> list[Regret]:
     return out
 
 
+def cross_validate(doc: Mapping[str, Any], model_files: Sequence[Path | str] = ()) -> list[Any]:
+    """Leave-one-model-out over a :func:`run` result: for each catalog model (the shipped catalog and
+    ``model_files``), the cost model fitted on the other models' measured shapes and the box edges predicts
+    that model's (:func:`hwprofile.costmodel.cross_validate`); rows are :class:`hwprofile.costmodel.Held`."""
+    from . import costmodel
+    from . import models as catalog
+    from .optable import get
+
+    op = doc["stamp"]["op"]
+    found = [Point(int(r["m"]), int(r["n"]), int(r["k"]), [float(r["kernel_us"])] if float(r["kernel_us"]) > 0 else [],
+                   [float(r["fallback_us"])]) for r in doc["measurements"]]
+    per_model: dict[str, set[tuple[int, int, int]]] = {}
+    for shape, names in catalog.origins(op, catalog.load(model_files)).items():
+        for name in names:
+            per_model.setdefault(name.split()[0], set()).add(shape)
+    return costmodel.cross_validate(op, samples(found), per_model, get(op).grid)
+
+
 def geomean(xs: Iterable[float]) -> float:
     """Geometric mean (1.0 for no values)."""
     vals = list(xs)
@@ -453,8 +421,11 @@ def report_rows(rows: Sequence[Regret]) -> list[list[str]]:
 REPORT_HEADER = ["M", "N", "K", "kernel us", "fallback us", "path taken", "regret"]
 
 
-def plot_regret(reports: Mapping[str, Sequence[Regret]], path: Path, title: str = "") -> None:
-    """Regret per measured shape, one panel per op (bars; 1.0 is the faster path taken), written atomically.
+def plot_regret(reports: Mapping[str, Sequence[Any]], path: Path, title: str = "") -> None:
+    """Regret per shape, one panel per op (bars; 1.0 is the faster path taken), written atomically.
+
+    Rows are :class:`Regret` (a sweep's report) or :class:`hwprofile.costmodel.Held` (held-out shapes): anything
+    with ``m``, ``n``, ``k``, ``path`` and ``regret``.
 
     Built without pyplot (no backend switch, nothing left registered in the caller's process).
     """
@@ -514,7 +485,7 @@ def write(doc: dict[str, Any], path: Path) -> Path | None:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Latency against M (router, linear) or N (GEMV, per K) for kernel and fallback, threshold marked.
+    """Latency against M (router, linear) or N (GEMV, per K) for kernel and fallback, at the box edges.
 
     The figure is built without pyplot: no backend switch and no figure left registered in the
     caller's process (a notebook keeps its own backend). The format is the suffix's (``.png`` when
@@ -526,29 +497,24 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ms = [r for r in doc["measurements"] if r.get("box", True)] or doc["measurements"]  # the box edges: one line per N or K
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
-    if doc["thresholds"].get(f"{op}.max_tokens") is not None:
+    from .optable import get
+
+    by_m = get(op).threshold == "max_tokens"
+    if by_m:
         for n in sorted({r["n"] for r in ms}):
             rs = [r for r in ms if r["n"] == n]
             ax.plot([r["m"] for r in rs], [r["kernel_us"] for r in rs], "o-", label=f"kernel N={n}")
             ax.plot([r["m"] for r in rs], [r["fallback_us"] for r in rs], "s--", label=f"fallback N={n}")
-        t = doc["thresholds"][f"{op}.max_tokens"]
-        ax.axvline(t + 0.5, color="gray", ls=":", label=f"{op}.max_tokens = {t}")
         ax.set_xlabel("M (tokens)")
     else:
         for kk in sorted({r["k"] for r in ms}):
             rs = sorted((r for r in ms if r["k"] == kk), key=lambda r: r["n"])
             ax.plot([r["n"] for r in rs], [r["fallback_us"] / r["kernel_us"] for r in rs], "o-", label=f"K={kk}")
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.axvline(
-            doc["thresholds"][f"{op}.max_n"],
-            color="gray",
-            ls=":",
-            label=f"max_n={doc['thresholds'][f'{op}.max_n']}, max_k={doc['thresholds'][f'{op}.max_k']}",
-        )
         ax.set(xscale="log", xlabel="N", ylabel="fallback time / kernel time (>1: kernel faster)")
     st = doc["stamp"]
     ax.set_title(f"{op} on {st['device']} vs {st['fallback']['function']} (torch {st['fallback']['torch']})", fontsize=9)
-    if doc["thresholds"].get(f"{op}.max_tokens") is not None:
+    if by_m:
         ax.set_ylabel("GPU time per call, us")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -249,12 +249,13 @@ def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
 
 # --- per-shape decisions -------------------------------------------------------------------------
 #
-# A sweep decides one threshold and one box per op, and also one decision per measured shape: the
-# setting ``<op>.measured`` (declared by the op table, a str so that every layer, stamp, staleness
-# check, ``explain`` and the cross-rank agreement treat it as any other setting) holds them as
-# ``MxNxK=PATH:KERNEL_US/FALLBACK_US`` entries separated by "; " (``1x4096x7168=kernel:3.1/7.2``;
-# ``-`` for a kernel that could not run the shape). Dispatch takes the measured path at those
-# shapes and the box rule elsewhere (``hwprofile.ops._dispatch.route``).
+# A sweep fits one cost model per op (``<op>.model``, :mod:`hwprofile.costmodel`) and writes one
+# decision per measured shape: the setting ``<op>.measured`` (declared by the op table, a str so that
+# every layer, stamp, staleness check, ``explain`` and the cross-rank agreement treat it as any other
+# setting) holds them as ``MxNxK=PATH:KERNEL_US/FALLBACK_US`` entries separated by "; "
+# (``1x4096x7168=kernel:3.1/7.2``; ``-`` for a kernel that could not run the shape). Inside the
+# kernel's limits, dispatch takes the measured path at those shapes and the model's faster predicted
+# path elsewhere, the model corrected by these times (``hwprofile.ops._dispatch.route``).
 
 MEASURED_FORMAT = "MxNxK=kernel|fallback:KERNEL_US/FALLBACK_US entries separated by '; ' (e.g. 1x4096x7168=kernel:3.1/7.2)"
 
@@ -368,20 +369,13 @@ def beyond_limits(op: str, shape: Shape) -> str:
 
 
 def _limits(d: Any, n: int, k: int) -> list[tuple[str, int, int, int]]:
-    """(dimension, value, lo, hi) for the kernel limits the op table declares: a box op's N and K
-    bounds default to what its kernels take (``optable._gemv_settings``); a max_tokens op's bound
-    defaults are a measured region, not limits, so only its plugin's plan (:func:`untakeable`) says."""
-    if d.threshold != "box":
-        return []
+    """(dimension, value, lo, hi) for the kernel limits the op table declares: the defaults of its N and K
+    bounds are what its kernels take (``optable._kernel_limits``); its plugin's plan says the rest (:func:`untakeable`)."""
     default = {s[0]: s[2] for s in d.settings}
     out = []
     for what, v, lo, hi in (("N", n, d.min_n, d.max_n), ("K", k, d.min_k, d.max_k)):
         lo_v = lo if isinstance(lo, int) else int(default[lo])
         hi_v = hi if isinstance(hi, int) else int(default[hi])
-        if what == "K":
-            # the smallest K is a box default, not a limit: the kernels take any K of whole 16-byte loads
-            # (the H200 catalog run: fp8_gemv 1x5120x192, kernel 3.6 µs against the fallback's 10.7 µs)
-            lo_v = d.k_vec
         out.append((what, v, lo_v, hi_v))
     return out
 

@@ -2,10 +2,11 @@
 
 :func:`route` is the only place that decides kernel or fallback. Its inputs are read once per
 device into a :class:`_Route` per op (thresholds and bounds from the profile, the per-shape
-decisions of ``<op>.measured`` parsed into a dict, availability of the kernel, deterministic
-mode), so a decision is one dict lookup and a few integer comparisons; the ops remember its answer
-per (device, M, N, K) in their entry's memo, and :func:`decide` turns it into words (saying whether
-a measurement at that shape or the box rule decided).
+decisions of ``<op>.measured`` parsed into a dict, the cost model ``<op>.model`` parsed, availability
+of the kernel, deterministic mode): the kernel's limits are the only box, inside it a measured shape
+decides, elsewhere the model's faster predicted path. The ops remember the answer per (device, M,
+N, K) in their entry's memo (one lookup per call, on either path), and :func:`decide` turns it into
+words with both paths' times (saying whether a measurement at that shape, the model or a limit decided).
 
 :func:`call` is every public op's eager entry. The common call (2-D operands of the contract dtypes
 on one device, no ``out``) is checked and routed inline, with a few tensor attribute reads and one
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
-from .. import _env, _state, tuning
+from .. import _env, _state, costmodel, tuning
 from .. import profiles as _profile_mod
 from ..errors import HwprofileError, SettingError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
@@ -51,19 +52,26 @@ _cpu_index: int = -1
 class Decision:
     """Which path an op takes for a shape, and why (what :func:`decide` returns: for tests, logs and engines)."""
 
-    __slots__ = ("basis", "gate", "op", "path", "reason")
+    __slots__ = ("basis", "fallback_us", "gate", "kernel_us", "op", "path", "reason")
 
     op: str
     path: Path  #: "kernel" | "fallback"
-    reason: str  #: in words, naming the setting or bound that decided
+    reason: str  #: in words, naming the setting or bound that decided and what it rests on
     gate: str | None  #: the gate that sent the call to the fallback (None: kernel); see :func:`route`
-    #: what decided: "measured" (a sweep measured this very shape: ``<op>.measured``), "rule" (the
-    #: box/threshold rule: bounds of the measured region), or "fixed" (no choice: empty problem,
+    #: what decided: "measured" (a sweep measured this very shape: ``<op>.measured``), "model" (the
+    #: cost model's prediction, ``<op>.model``), "limit" (outside what the kernel takes: its limits,
+    #: multiples, plan, or a configured roof range), or "fixed" (no choice: empty problem,
     #: deterministic mode, no kernel, a failed kernel, an operand layout)
     basis: str
+    kernel_us: float | None  #: the kernel's µs: measured at this shape or predicted (None: neither was asked)
+    fallback_us: float | None  #: the fallback's µs, likewise
 
-    def __init__(self, op: str, path: Path, reason: str, gate: str | None = None, basis: str = "rule") -> None:
+    def __init__(
+        self, op: str, path: Path, reason: str, gate: str | None = None, basis: str = "limit",
+        kernel_us: float | None = None, fallback_us: float | None = None,
+    ) -> None:
         self.op, self.path, self.reason, self.gate, self.basis = op, path, reason, gate, basis
+        self.kernel_us, self.fallback_us = kernel_us, fallback_us
 
     def __repr__(self) -> str:
         return f"Decision({self.op!r}, {self.path!r}, {self.reason!r})"
@@ -88,12 +96,15 @@ class _Route:
         "measured_from",
         "min_k",
         "min_n",
+        "model",
+        "model_basis",
         "n_multiple",
         "off",
         "op",
         "plan_problem",
         "roof_hi",
         "roof_lo",
+        "times",
         "who",
     )
 
@@ -136,6 +147,22 @@ class _Route:
             )
         if self.measured and self.off is None:
             self._check_takeable(prof.kernels[op.name])
+        #: the measured times the cost model's local correction reads: shape -> (kernel µs or None, fallback µs)
+        self.times = {s: (d.kernel_us, d.fallback_us) for s, d in self.measured.items()}
+        mkey = costmodel.model_key(op.name)
+        mtext = get(mkey) if mkey in over or mkey in prof else ""
+        #: the cost model (None: no ``<op>.model``: the fallback wherever nothing was measured)
+        self.model: costmodel.CostModel | None = None
+        #: what the model's predictions rest on, in words (``Decision.reason``)
+        self.model_basis = ""
+        if mtext:
+            if mkey in over:
+                where, self.model_basis = "the sweep result being reported", "the sweep result being reported"
+            else:
+                w = prof.explain(mkey).winner
+                where = w.source
+                self.model_basis = _model_basis(prof, mkey, w)
+            self.model = costmodel.parse(op.name, mtext, where=where)
         self.counts = prof.stats.counts.setdefault(op.name, {"kernel": 0, "fallback": 0})
         # the "plan" gate: why the kernel's planner cannot plan a shape (None: it can); see _kernel.unplannable
         split = bool(prof["gemv.split_k"])
@@ -174,25 +201,20 @@ def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = 
 
     Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
     ``no_kernel``, ``failed`` (the kernel did not build, load or launch here, or failed its
-    self-test); then, at a shape the sweep measured (``<op>.measured``), its decision:
-    ``measured`` (the fallback was faster) or the kernel; elsewhere the box rule: ``m``, ``n``,
-    ``n_multiple``, ``k``, ``k_multiple``, ``roof`` (N where the fallback is near the bandwidth
-    roof). Then ``plan`` (the kernel's planner cannot plan the shape, or plans past the target's
-    limits: a gate that refuses, so no planner error reaches the op), last ``layout`` (an operand
-    is not contiguous or not 16-byte aligned; checked only when ``operands`` are given). Bounds are
-    those of the measured region: outside it, the fallback. The ops memoise the answer per shape,
-    so the per-shape lookup costs nothing on the hot path.
+    self-test); then the kernel's limits, the only box: ``m``, ``n``, ``n_multiple``, ``k``,
+    ``k_multiple``, ``roof`` (a configured N range always left to the fallback; none by default);
+    inside them, at a shape the sweep measured (``<op>.measured``), its decision: ``measured`` (the
+    fallback was faster) or the kernel; elsewhere ``plan`` (the kernel's planner cannot plan the
+    shape, or plans past the target's limits: a gate that refuses, so no planner error reaches the
+    op), then ``model`` (the cost model, ``<op>.model``, does not predict the kernel faster, or
+    there is no model), last ``layout`` (an operand is not contiguous or not 16-byte aligned;
+    checked only when ``operands`` are given). The ops memoise the answer per shape, so neither the
+    per-shape lookup nor the prediction costs anything on the hot path.
     """
     if not (m and n and k):
         return "empty"
     if r.off is not None:
         return r.off
-    if r.measured:
-        d = r.measured.get((m, n, k))
-        if d is not None:
-            if not d.kernel:
-                return "measured"
-            return "layout" if operands is not None and _misplaced(operands) else None
     if m > r.max_m:
         return "m"
     if n < r.min_n or n > r.max_n:
@@ -205,11 +227,31 @@ def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = 
         return "k_multiple"
     if r.roof_lo <= n < r.roof_hi:
         return "roof"
+    if r.measured:
+        d = r.measured.get((m, n, k))
+        if d is not None:
+            if not d.kernel:
+                return "measured"
+            return "layout" if operands is not None and _misplaced(operands) else None
     if r.plan_problem(m, n, k) is not None:
         return "plan"
+    if r.model is None or not costmodel.predict(r.model, r.times, m, n, k).kernel:
+        return "model"
     if operands is not None and _misplaced(operands):
         return "layout"
     return None
+
+
+def _model_basis(prof: Profile, key: str, winner: Any) -> str:
+    """What the cost model of ``key``'s winning layer rests on: a fit on this SKU, another's, or a default."""
+    here = tuning.device_identity(prof.device)
+    stamp = winner.stamp
+    if isinstance(stamp, tuning.Stamp) and stamp.device == here:
+        return f"{key} from {winner.source}, fitted on {stamp.device} ({stamp.date or 'undated'})"
+    if isinstance(stamp, tuning.Stamp):
+        return f"predicted, not measured on this SKU: {key} from {winner.source} was fitted on {stamp.device}"
+    why = f" ({winner.reason})" if getattr(winner, "reason", "") else ""
+    return f"predicted, not measured on this SKU: {key} is {winner.source}'s default{why}"
 
 
 def _misplaced(operands: tuple[Any, ...]) -> bool:
@@ -217,21 +259,36 @@ def _misplaced(operands: tuple[Any, ...]) -> bool:
     return any(t is not None and (not t.is_contiguous() or t.data_ptr() % 16) for t in operands)
 
 
+def _predicted(r: _Route, m: int, n: int, k: int) -> str:
+    """The cost model's prediction at (m, n, k) and what it rests on, in words."""
+    model = r.model
+    if model is None:
+        key = costmodel.model_key(r.op.name)
+        return f"no cost model ({key} is empty on this profile): nothing predicts the kernel faster, so the fallback"
+    p = costmodel.predict(model, r.times, m, n, k)
+    kern = "no kernel trend" if math.isinf(p.kernel_us) else f"{p.kernel_us:.3g} µs"
+    near = (
+        f", corrected by the {len(p.neighbours)} nearest measured shapes ({', '.join(map(tuning.shape_text, p.neighbours))})"
+        if p.neighbours else ", the trend alone (no measured shape to correct it)"
+    )
+    fitted = f"the model fitted on {model.samples} samples" if model.samples else "a default model (not fitted)"
+    return f"predicted: kernel {kern} vs fallback {p.fallback_us:.3g} µs by {fitted}{near}; {r.model_basis}"
+
+
 def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
-    """Words for :func:`route`'s answer, naming the setting behind each bound."""
+    """Words for :func:`route`'s answer, naming the setting behind each bound and what a choice rests on."""
     op = r.op
 
     def name(b: int | str, what: str) -> str:
         return f"{b}" if isinstance(b, str) else f"the {op.name} kernel's {what}"
 
-    region = f"M <= {r.max_m}, N in [{r.min_n}, {r.max_n}], K in [{r.min_k}, {r.max_k}]"
-    d = r.measured.get((m, n, k)) if gate in (None, "measured", "layout") else None
-    if d is not None and gate != "layout":
+    d = r.measured.get((m, n, k)) if gate in (None, "measured") else None
+    if d is not None:
         us = "could not run" if d.kernel_us is None else f"{d.kernel_us:g} µs"
         times = f"kernel {us} vs fallback {d.fallback_us:g} µs" if d.kernel else f"fallback {d.fallback_us:g} µs vs kernel {us}"
         return f"measured at this shape (M={m}, N={n}, K={k}): {times} ({op.name}.measured from {r.measured_from})"
-    if gate is None:
-        return f"box rule: M={m}, N={n}, K={k} inside the measured region of the {op.name} kernel ({region})"
+    if gate is None or gate == "model":
+        return _predicted(r, m, n, k)
     if gate == "empty":
         return f"empty problem (M={m}, N={n}, K={k}): nothing to launch; the result is {'zeros' if m and n else 'empty'}"
     if gate == "deterministic":
@@ -246,22 +303,22 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
         )
     if gate == "m":
         if isinstance(op.max_m, int):
-            return f"box rule: M={m}: the {op.name} kernel takes M <= {r.max_m} only"
-        return f"box rule: M={m} > {op.max_m}={r.max_m}"
+            return f"kernel limit: M={m}: the {op.name} kernel takes M <= {r.max_m} only"
+        return f"kernel limit: M={m} > {op.max_m}={r.max_m}"
     if gate == "n":
         bounds = f"{name(op.min_n, 'smallest N')} .. {name(op.max_n, 'largest N')}"
-        return f"box rule: N={n} outside [{r.min_n}, {r.max_n}] ({bounds}): not measured"
+        return f"kernel limit: N={n} outside [{r.min_n}, {r.max_n}] ({bounds})"
     if gate == "n_multiple":
-        return f"box rule: N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
+        return f"kernel limit: N={n} is not a multiple of {r.n_multiple} ({name(op.n_multiple, 'N multiple')})"
     if gate == "k":
         bounds = f"{name(op.min_k, 'smallest K')} .. {name(op.max_k, 'largest K')}"
-        return f"box rule: K={k} outside [{r.min_k}, {r.max_k}] ({bounds}): not measured"
+        return f"kernel limit: K={k} outside [{r.min_k}, {r.max_k}] ({bounds})"
     if gate == "k_multiple":
         what = name(op.k_multiple, "K multiple")
-        return f"box rule: K={k} is not a multiple of {r.k_multiple} ({what}, and 16-byte loads need {op.k_vec})"
+        return f"kernel limit: K={k} is not a multiple of {r.k_multiple} ({what}, and 16-byte loads need {op.k_vec})"
     if gate == "roof":
         lo, hi = op.roof or ("", "")
-        return f"box rule: N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}) where the fallback is near the bandwidth roof"
+        return f"N={n} in [{r.roof_lo}, {r.roof_hi}) ({lo} .. {hi}): a range configured to take the fallback"
     if gate == "plan":
         return f"the {op.name} kernel cannot take M={m}, N={n}, K={k} here: {r.plan_problem(m, n, k)}"
     if gate == "layout":
@@ -412,18 +469,35 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
     if r is None:
         raise KeyError(f"no op {op!r}; known ops: {', '.join(OPS)}")
     gate = route(r, m, n, k)
-    return Decision(op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate, basis(r, gate, m, n, k))
+    kernel_us, fallback_us = times(r, gate, m, n, k)
+    return Decision(
+        op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate, basis(r, gate, m, n, k), kernel_us, fallback_us
+    )
 
 
-#: the gates of the box/threshold rule (the others leave no choice; ``measured`` is a measurement's)
-_RULE_GATES: Final = frozenset({"m", "n", "n_multiple", "k", "k_multiple", "roof"})
+#: the gates of the kernel's limits (what it can take, and a configured roof range)
+_LIMIT_GATES: Final = frozenset({"m", "n", "n_multiple", "k", "k_multiple", "roof", "plan"})
 
 
 def basis(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
-    """What decided :func:`route`'s answer ``gate``: "measured", "rule" or "fixed" (:attr:`Decision.basis`)."""
+    """What decided :func:`route`'s answer ``gate``: "measured", "model", "limit" or "fixed" (:attr:`Decision.basis`)."""
     if gate in (None, "measured") and (m, n, k) in r.measured:
         return "measured"
-    return "rule" if gate is None or gate in _RULE_GATES else "fixed"
+    if gate is None or gate == "model":
+        return "model"
+    return "limit" if gate in _LIMIT_GATES else "fixed"
+
+
+def times(r: _Route, gate: str | None, m: int, n: int, k: int) -> tuple[float | None, float | None]:
+    """The kernel's and the fallback's µs behind :func:`route`'s answer: measured at this shape, or the model's
+    prediction where it decided (``None`` where neither did: a limit or a fixed gate)."""
+    d = r.measured.get((m, n, k)) if gate in (None, "measured") else None
+    if d is not None:
+        return d.kernel_us, d.fallback_us
+    if (gate is None or gate == "model") and r.model is not None:
+        p = costmodel.predict(r.model, r.times, m, n, k)
+        return (None if math.isinf(p.kernel_us) else p.kernel_us), p.fallback_us
+    return None, None
 
 
 # --- the eager path --------------------------------------------------------------------------------
@@ -482,14 +556,19 @@ def _one_device(x: Any, w: Any, scale: Any) -> int:
     return _cpu_index if x.is_cpu and w.is_cpu and (scale is None or scale.is_cpu) else -1
 
 
-def _dispatch(e: _Entry, idx: int, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, out: Any) -> Any:
+def _dispatch(
+    e: _Entry, idx: int, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, out: Any,
+    hit: tuple[_Table, _Route, str | None] | None = None,
+) -> Any:
     """Route a checked 2-D call on device ``idx``, then run the kernel or the fallback.
 
     The operands are those of the contract ([M, K] and [N, K] on one device, contract dtypes);
     ``out`` is a contiguous [M, N] result for the kernel to write, or None. The layout gate depends
-    on the operands and is checked here by the helper :func:`route` uses.
+    on the operands and is checked here by the helper :func:`route` uses. ``hit``: the memo entry the
+    caller already looked up (:func:`call`), so a call looks its memo up once.
     """
-    hit = e.memo.get((idx, m, n, k))
+    if hit is None:
+        hit = e.memo.get((idx, m, n, k))
     t, r, gate = hit if hit is not None else _remember(e, idx, m, n, k)
     if gate is None:
         if not (x.is_cuda or idx == _cpu_index) or _misplaced((x, w, scale, out)):  # a pointer the kernel cannot take
@@ -534,9 +613,11 @@ def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
         if fast and not ((x.requires_grad or w.requires_grad) and _grad_enabled()):
             # the fallback side inline (the host-bound case); the kernel side through _dispatch
             hit = e.memo.get((idx, m, n, k))
-            _, r, gate = hit if hit is not None else _remember(e, idx, m, n, k)
+            if hit is None:
+                hit = _remember(e, idx, m, n, k)
+            _, r, gate = hit
             if gate is None:
-                return _dispatch(e, idx, x, w, scale, m, n, k, mode, None)
+                return _dispatch(e, idx, x, w, scale, m, n, k, mode, None, hit)  # the entry travels: one lookup per call
             r.counts["fallback"] += 1
             if gate == "empty":
                 return x.new_zeros((m, n), dtype=e.out_dtype)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, kernel_specs
+from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, hookimpl, kernel_specs, unmeasured_settings
 
 NAME = "sm100"
 # B200 and B300 have 148 SMs, GB300 152: plans take the device's own count (kernel_specs(device=)), this
@@ -23,55 +23,17 @@ def hwprofile_arch() -> ArchSpec:
     return ArchSpec({(10, 0): "sm_100a", (10, 3): "sm_103a"}, "NVIDIA Blackwell datacenter (B200, B300, GB300): tcgen05, TMEM")
 
 
-# Nothing below was measured on SM100 (no such GPU here): `hwprofile explain KEY` says "not measured on this
-# architecture" for each, and `hwprofile.tuning.unmeasured` lists them for a sweep. Each value dispatches only where a
-# rule supports it, never the op table's wide defaults:
-#  * rule "H200 box": the region where the same op's kernel won on the H200 sweep (hwprofile-sm90's measured boxes). The
-#    GEMVs there are bandwidth-bound on both sides; the kernel's edge is the fallback's fixed per-call cost, which is
-#    no smaller on SM100, while from N = 16384 or K = 16384 cuBLAS reached 3.6-4.0 TB/s (75-83% of the H200's roof),
-#    leaving no gap to win. So the box stays inside what was won, and the near-roof gap is not needed.
-#  * rule "FP8 traffic": the FP8 fallback dequantises the weight to bf16 chunks before its GEMM, so it moves at least
-#    3x the kernel's bytes (read e4m3, write and read bf16); on any bandwidth-bound part the kernel moves a third of
-#    the bytes. Used inside the swept region only (K is also bounded by the x slice in shared memory).
-_UNMEASURED = "not measured on SM100"
-_H200_BOX = f"{_UNMEASURED}; rule 'H200 box' (module comment): the region the H200 sweep won"
-_FP8_RULE = f"{_UNMEASURED}; rule 'FP8 traffic' (module comment), inside the region the H200 sweep measured"
+# Nothing here was measured on SM100 (no such GPU here): every value is hwprofile.plugin.unmeasured_settings's, the
+# rule every plugin of an unmeasured SKU states (the cost model by the bandwidth rule at this device's peak, the kernels'
+# M limits, split-K), so `hwprofile explain OP --shape MxNxK` says "predicted, not measured on this SKU" and
+# `hwprofile tune` measures these ops first. Only what differs is stated here: the SKU and why split-K.
+_SKU = "SM100"
+_SPLIT_K = "spread small N over the SMs with cluster split-K (the GEMVs, the router GEMM and the small-M linear kernel)"
 
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    against = "linear_bf16_fp32 (torch.mm out_dtype=fp32, cuBLAS)"
-    return {
-        "router_gemm.max_tokens": Value(
-            16,
-            f"from the design guide's engine history (that engine's JIT router kernel on SM100 against {against}: "
-            f"wins at M <= 12, ties at 13-16); {_UNMEASURED} for hwprofile's kernel",
-        ),
-        "router_gemm.min_n": Value(256, _H200_BOX),
-        "router_gemm.max_n": Value(384, _H200_BOX),
-        "router_gemm.min_k": Value(7168, _H200_BOX),
-        "router_gemm.max_k": Value(7168, _H200_BOX),
-        "linear_bf16_fp32.max_tokens": Value(8, f"conservative: half the H200's M <= 16 ({_UNMEASURED} against {against})"),
-        "linear_bf16_fp32.min_n": Value(256, _H200_BOX),
-        "linear_bf16_fp32.max_n": Value(4096, _H200_BOX),
-        "linear_bf16_fp32.min_k": Value(7168, _H200_BOX),
-        "linear_bf16_fp32.max_k": Value(7168, _H200_BOX),
-        "gemv.split_k": Value(
-            True,
-            "spread small N over 148 SMs with cluster split-K (the GEMVs, the router GEMM and the small-M linear kernel); "
-            f"not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0; {_UNMEASURED}",
-        ),
-        "gemv.max_n": Value(4096, f"{_H200_BOX}: N <= 4096"),
-        "gemv.max_k": Value(7168, f"{_H200_BOX}: K <= 7168"),
-        "gemv.cublas_roof_n_min": Value(0, "no gap: the box already leaves cuBLAS's near-roof range (N >= 12288) to cuBLAS"),
-        "gemv.cublas_roof_n_max": Value(0, "no gap"),
-        "fp8_gemv.min_n": Value(2048, _FP8_RULE),
-        "fp8_gemv.max_n": Value(152064, _FP8_RULE),
-        "fp8_gemv.min_k": Value(2048, _FP8_RULE),
-        "fp8_gemv.max_k": Value(7168, _FP8_RULE),
-        "fp8_gemv.cublas_roof_n_min": Value(0, "no gap: rule 'FP8 traffic' holds at every N"),
-        "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
-    }
+    return dict(unmeasured_settings(device, sku=_SKU, split_k_reason=_SPLIT_K))
 
 
 @hookimpl

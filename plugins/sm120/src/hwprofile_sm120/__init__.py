@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, kernel_specs
+from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, hookimpl, kernel_specs, unmeasured_settings
 
 NAME = "sm120"
 _SMEM = 99 * 1024  # opt-in shared memory per block on SM12x
@@ -29,56 +29,20 @@ def hwprofile_arch() -> ArchSpec:
     )
 
 
-# Nothing below was measured on SM12x (no such GPU here): `hwprofile explain KEY` says "not measured on this
-# architecture" for each, and `hwprofile.tuning.unmeasured` lists them for a sweep. Each value dispatches only where a
-# rule supports it, never the op table's wide defaults:
-#  * rule "H200 box": the region where the same op's kernel won on the H200 sweep (hwprofile-sm90's measured boxes).
-#    The GEMVs are bandwidth-bound on both sides; the kernel's edge is the fallback's fixed per-call cost. SM12x parts
-#    have less bandwidth (RTX PRO 6000: 1.8 TB/s GDDR7; DGX Spark: 273 GB/s LPDDR5X), so a given shape is more
-#    bandwidth-bound there and that fixed cost weighs less: the box can only shrink, never grow, and stays as measured.
-#  * rule "FP8 traffic": the FP8 fallback dequantises the weight to bf16 chunks before its GEMM, so it moves at least
-#    3x the kernel's bytes (read e4m3, write and read bf16): on a bandwidth-bound part the kernel moves a third of the
-#    bytes. With no tcgen05 on SM12x, cuBLAS FP8 at M = 1 is no alternative. Inside the swept region only (K is also
-#    bounded by the x slice in ~99 KB of shared memory).
-_UNMEASURED = "not measured on SM120"
-_H200_BOX = f"{_UNMEASURED}; rule 'H200 box' (module comment): the region the H200 sweep won"
-_FP8_RULE = f"{_UNMEASURED}; rule 'FP8 traffic' (module comment), inside the region the H200 sweep measured"
+# Nothing here was measured on SM120 (no such GPU here): every value is hwprofile.plugin.unmeasured_settings's, the
+# rule every plugin of an unmeasured SKU states (the cost model by the bandwidth rule at this device's peak, the kernels'
+# M limits, split-K), so `hwprofile explain OP --shape MxNxK` says "predicted, not measured on this SKU" and
+# `hwprofile tune` measures these ops first. Only what differs is stated here: the SKU and why split-K.
+_SKU = "SM120"
+_SPLIT_K = (
+    "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N "
+    "(the GEMVs, the router GEMM and the small-M linear kernel)"
+)
 
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "router_gemm.max_tokens": Value(
-            16, f"JIT router GEMM compiled for M = 1..16; {_UNMEASURED} against the fp32-output cuBLAS fallback"
-        ),
-        "router_gemm.min_n": Value(256, _H200_BOX),
-        "router_gemm.max_n": Value(384, _H200_BOX),
-        "router_gemm.min_k": Value(7168, _H200_BOX),
-        "router_gemm.max_k": Value(7168, _H200_BOX),
-        "linear_bf16_fp32.max_tokens": Value(8, f"conservative: half the H200's M <= 16 ({_UNMEASURED} against torch.mm(out_dtype=fp32))"),
-        "linear_bf16_fp32.min_n": Value(256, _H200_BOX),
-        "linear_bf16_fp32.max_n": Value(4096, _H200_BOX),
-        "linear_bf16_fp32.min_k": Value(7168, _H200_BOX),
-        "linear_bf16_fp32.max_k": Value(7168, _H200_BOX),
-        # SM12x has no tcgen05/TMEM and ~99 KB of shared memory per block, so the datacenter Blackwell GEMM paths do
-        # not apply; the SIMT/mma.sync kernels need split-K to fill the SMs.
-        "gemv.split_k": Value(
-            True,
-            "SM12x: no tcgen05/TMEM, ~99 KB smem/block: split-K over a cluster fills the SMs at small N "
-            "(the GEMVs, the router GEMM and the small-M linear kernel); "
-            f"not bit-identical (summation order), opt out with HWPROFILE_GEMV_SPLIT_K=0; {_UNMEASURED}",
-        ),
-        "gemv.max_n": Value(4096, f"{_H200_BOX}: N <= 4096"),
-        "gemv.max_k": Value(7168, f"{_H200_BOX}: K <= 7168"),
-        "gemv.cublas_roof_n_min": Value(0, "no gap: the box already leaves the fallback's near-roof range (N >= 12288) to it"),
-        "gemv.cublas_roof_n_max": Value(0, "no gap"),
-        "fp8_gemv.min_n": Value(2048, _FP8_RULE),
-        "fp8_gemv.max_n": Value(152064, _FP8_RULE),
-        "fp8_gemv.min_k": Value(2048, _FP8_RULE),
-        "fp8_gemv.max_k": Value(7168, _FP8_RULE),
-        "fp8_gemv.cublas_roof_n_min": Value(0, "no gap: rule 'FP8 traffic' holds at every N"),
-        "fp8_gemv.cublas_roof_n_max": Value(0, "no gap"),
-    }
+    return dict(unmeasured_settings(device, sku=_SKU, split_k_reason=_SPLIT_K))
 
 
 @hookimpl
