@@ -184,7 +184,8 @@ def _fp8_split_ready(index: int) -> tuple[Any, Any] | None:
             if bool(torch.allclose(a.float(), b.float(), rtol=2.0**-7, atol=0.0)):  # within a bf16 step
                 got = (one, factors)
             else:
-                log.info("hwprofile: the FP8 split fallback disagrees with the dequantising one on cuda:%d; FP8 falls back by dequantising", index)
+                log.info("hwprofile: the FP8 split fallback disagrees with the dequantising one on cuda:%d; "
+                         "FP8 falls back by dequantising", index)
         except (RuntimeError, TypeError, NotImplementedError) as exc:  # no fp8 tensor cores, an older torch
             log.info("hwprofile: torch._scaled_mm cannot run the FP8 split on cuda:%d (%s); FP8 falls back by dequantising", index, exc)
     _fp8_split[index] = got
