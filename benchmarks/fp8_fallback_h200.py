@@ -100,7 +100,8 @@ def main() -> int:
     dev = torch.device("cuda", 0)
     prof = hwprofile.profile(0)
     rows = []
-    print(f"{'shape':>16} {'scale':>6} {'kernel':>8} {'dequant':>8} {'deqL2':>8} {'split3':>8} {'final':>8} {'bf16':>8}   err final/dequant/kernel")
+    print(f"{'shape':>16} {'scale':>6} {'kernel':>8} {'dequant':>8} {'deqL2':>8} {'split3':>8} {'final':>8} {'bf16':>8}"
+          "   err final/dequant/kernel")
     for m, n, k in SHAPES:
         for mode in ("tensor", "row"):
             wbytes = n * k
