@@ -2,6 +2,8 @@
 
 Candidates, each for x [M, K] bf16 and w [N, K] e4m3 with a per-tensor or per-row scale:
   dequant    w.to(bf16) in chunks + torch.mm(out_dtype=fp32) + scale (the shipped fallback)
+  final      the shipped fallback (hwprofile.ops._fallbacks.fp8_mm): 3 e4m3 parts with per-row e8m0
+             scales, fused casts, one _scaled_mm, from 4 MiB of weight; the dequantising path below
   split3     x split exactly into 3 e4m3 parts with power-of-two per-row scales, stacked along M
              (padded to 16), one torch._scaled_mm(out_dtype=fp32) with unit scales, parts scaled
              back exactly and summed in fp32, the weight scale in fp32, one bf16 rounding
@@ -54,6 +56,12 @@ def fb_dequant(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.T
     return _fallbacks.fp8_dequant_mm(x, w, scale)
 
 
+def fb_final(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The shipped fallback (``hwprofile.ops.fallback("fp8_gemv")``): 3-part split + _scaled_mm from 4 MiB, else dequant."""
+    from hwprofile.ops import _fallbacks
+    return _fallbacks.fp8_mm(x, w, scale)
+
+
 def fb_dequant_l2(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, chunk: int = 1 << 23) -> torch.Tensor:
     n, k = w.shape
     rows = max(1, chunk // k)
@@ -92,7 +100,8 @@ def main() -> int:
     dev = torch.device("cuda", 0)
     prof = hwprofile.profile(0)
     rows = []
-    print(f"{'shape':>16} {'scale':>6} {'kernel':>8} {'dequant':>8} {'deqL2':>8} {'split3':>8} {'bf16':>8}   err split3/dequant/kernel")
+    print(f"{'shape':>16} {'scale':>6} {'kernel':>8} {'dequant':>8} {'deqL2':>8} {'split3':>8} {'final':>8} {'bf16':>8}"
+          "   err final/dequant/kernel")
     for m, n, k in SHAPES:
         for mode in ("tensor", "row"):
             wbytes = n * k
@@ -104,7 +113,7 @@ def main() -> int:
             ref = (x.double() @ (ws[0].double() * (scale.double().view(-1, 1) if mode == "row" else scale.double())).t())
             errs = {}
             res = {"m": m, "n": n, "k": k, "scale": mode}
-            cands = {"dequant": fb_dequant, "deqL2": fb_dequant_l2, "split3": fb_split}
+            cands = {"dequant": fb_dequant, "deqL2": fb_dequant_l2, "split3": fb_split, "final": fb_final}
             dec = ops.decide("fp8_gemv", prof, m=m, n=n, k=k)
             if m == 1:
                 cands["kernel"] = lambda x_, w_, s_: ops.fp8_gemv(x_, w_, s_)
@@ -122,8 +131,8 @@ def main() -> int:
             res["kernel_decision"] = dec.path
             rows.append(res)
             f = lambda v: f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"
-            print(f"{m}x{n}x{k:>6} {mode:>6} {f(res.get('kernel'))} {f(res['dequant'])} {f(res['deqL2'])} {f(res['split3'])} {f(res['bf16'])}   "
-                  f"{errs.get('split3')} / {errs.get('dequant')} / {errs.get('kernel')} ({dec.path})", flush=True)
+            print(f"{m}x{n}x{k:>6} {mode:>6} {f(res.get('kernel'))} {f(res['dequant'])} {f(res['deqL2'])} {f(res['split3'])} {f(res.get('final'))} {f(res['bf16'])}   "
+                  f"{errs.get('final')} / {errs.get('dequant')} / {errs.get('kernel')} ({dec.path})", flush=True)
             del ws, wb, copies
             torch.cuda.empty_cache()
     out = os.environ.get("OUT")

@@ -317,7 +317,7 @@ FP8_GEMV = OpDef(
     w_dtype="float8_e4m3fn",
     out_dtype="bfloat16",
     scale_modes=(TENSOR_SCALE, ROW_SCALE),
-    fallback="chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32) + fp32 scale",
+    fallback="x split into 3 e4m3 parts + one torch._scaled_mm(out_dtype=torch.float32) from 4 MiB of weight (K, N % 16 == 0), else chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32); fp32 scale",
     max_m=1,
     min_n="fp8_gemv.min_n",
     max_n="fp8_gemv.max_n",
