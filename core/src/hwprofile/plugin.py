@@ -43,6 +43,11 @@ The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwpro
   ``hwprofile_kernels``.
 * ``plan_skinny_gemm(tuning, m=, n=, k=, fp8=, out=, scale=, split_k=)``: the family's launch for one
   call, for a plugin that routes some shapes to the family and others to kernels of its own.
+* ``plan_skinny_gate(tuning, m=, n=, k=, split_k=, n_group=, topk_group=, top_k=)``: the fused MoE gate
+  (``ops.moe_gate``) on the family's GEMM, entry ``HWP_MOE_GATE_ENTRY_POINT`` of ``hwprofile/moe_gate.cuh``;
+  ``check_gate_shape(m=, n=, k=, n_group=, topk_group=, top_k=, what=)`` is its bounds' ``ValueError``
+  (and returns the ``MAX_N`` template argument), for a plugin planning the gate on a GEMM of its own;
+  ``gate_kernel_spec(package, source, tuning, device)`` the whole spec of a plugin on the family.
 * ``check_kernel_shape(m=, n=, k=, vec=, max_m=, what=)``: the ``ValueError`` (naming the limit) a
   planner raises for a shape no kernel of the family takes, so a gate can refuse it.
 * ``PREBUILT_SHAPES``: the ops the family computes, each with the (M, N, K) shapes whose instances
@@ -78,6 +83,9 @@ from .kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, Planner, kernel_sp
 from .kernels.skinny_gemm import check_shape as check_kernel_shape
 from .kernels.skinny_gemm import for_device as tuning_for_device
 from .kernels.skinny_gemm import plan as plan_skinny_gemm
+from .kernels.gate_plan import check_gate as check_gate_shape
+from .kernels.gate_plan import plan_skinny_gate
+from .kernels.gate_plan import skinny_gate_spec as gate_kernel_spec
 from .kernels.spec import KernelSpec, Launch, _package_dir
 from .optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
 from .optable import get as op_def
@@ -108,11 +116,14 @@ __all__ = [
     "Setting",
     "Stamp",
     "Value",
+    "check_gate_shape",
     "check_kernel_shape",
     "compile_kernel",
+    "gate_kernel_spec",
     "hookimpl",
     "kernel_specs",
     "op_def",
+    "plan_skinny_gate",
     "plan_skinny_gemm",
     "prebuilt_instances",
     "profile_for",

@@ -92,8 +92,8 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     """sm_90a kernels: the op table's (``kernels/sm90_gemv.cu``), planned per shape (and for this device's SMs) by
-    :mod:`hwprofile_sm90.planning`, and the selection of ``ops.moe_gate`` (``kernels/moe_gate.cu``, :mod:`hwprofile_sm90.moe_gate`)."""
+    :mod:`hwprofile_sm90.planning`, and the fused gate of ``ops.moe_gate`` (``kernels/moe_gate.cu``, :mod:`hwprofile_sm90.moe_gate`)."""
     from .moe_gate import kernel_spec
     from .planning import kernel_specs
 
-    return [*kernel_specs(__name__, device), kernel_spec(__name__)]
+    return [*kernel_specs(__name__, device), kernel_spec(__name__, device)]
