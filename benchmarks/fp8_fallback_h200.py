@@ -24,6 +24,10 @@ SHAPES = [(1, 5120, 192), (1, 2048, 7168), (1, 4096, 5120), (1, 7168, 16384), (1
           (1, 5376, 21504), (1, 152064, 5120), (4, 4096, 7168), (16, 4096, 7168), (1, 2304, 16384), (3, 8192, 28672)]
 
 
+def _cell(v: object) -> str:
+    return f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"
+
+
 def split_parts(x: torch.Tensor, parts: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] bf16 -> (q [parts*M, K] e4m3, s [parts*M, 1] fp32 powers of two) with sum_j s_j q_j == x."""
     r = x.float()
@@ -120,9 +124,9 @@ def main() -> int:
             for name, fn in cands.items():
                 try:
                     y = fn(x, ws[0], scale)
-                    errs[name] = float(((y.double() - ref).abs().max() / ref.abs().max()))
+                    errs[name] = float((y.double() - ref).abs().max() / ref.abs().max())
                     res[name] = graph_us(fn, copies)
-                except Exception as exc:  # a candidate a shape refuses: recorded, not fatal
+                except Exception as exc:  # noqa: BLE001  # a candidate a shape refuses: recorded, not fatal
                     res[name] = None
                     errs[name] = repr(exc)[:120]
             wb = [w.to(torch.bfloat16) for w in ws[: max(2, ncopy // 2)]]
@@ -130,8 +134,8 @@ def main() -> int:
             res["errors"] = errs
             res["kernel_decision"] = dec.path
             rows.append(res)
-            f = lambda v: f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"
-            print(f"{m}x{n}x{k:>6} {mode:>6} {f(res.get('kernel'))} {f(res['dequant'])} {f(res['deqL2'])} {f(res['split3'])} {f(res.get('final'))} {f(res['bf16'])}   "
+            times = " ".join(_cell(res.get(c)) for c in ("kernel", "dequant", "deqL2", "split3", "final", "bf16"))
+            print(f"{m}x{n}x{k:>6} {mode:>6} {times}   "
                   f"{errs.get('final')} / {errs.get('dequant')} / {errs.get('kernel')} ({dec.path})", flush=True)
             del ws, wb, copies
             torch.cuda.empty_cache()

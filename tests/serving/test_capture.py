@@ -32,7 +32,7 @@ def test_warmup_loads_exactly_what_dispatch_then_launches(seam: Seam) -> None:
     report = ops.warmup(shapes={"gemv": [KERNEL_SHAPE, FALLBACK_SHAPE]})
     assert [p.path for p in report.planned] == ["kernel", "fallback"]
     assert len(seam.compiles) == 1 and len(seam.loads) == 1 and report.loaded == 1 and not report.failed
-    assert report.fallbacks == ["gemv"] and (0, "gemv") in ops._kernel.fallback_ready
+    assert report.fallbacks == ["gemv"] and ("gemv", 0, ops._kernel.thread_id()) in ops._kernel.fallback_ready
     seam.capturing = True
     gemv(*KERNEL_SHAPE)  # the warmed launcher: no compile, no load inside the capture
     assert seam.launches == [report.planned[0].launch.name_expression]  # type: ignore[union-attr]

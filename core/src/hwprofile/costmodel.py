@@ -38,7 +38,7 @@ from typing import Final, NamedTuple
 
 from ._record import Record, _set, final
 from .errors import SettingError
-from .optable import OPS
+from .optable import TABLE
 
 Shape = tuple[int, int, int]
 
@@ -121,10 +121,11 @@ class CostModel(Record):
 
 
 def call_bytes(op: str, m: int, n: int, k: int) -> int:
-    """Bytes one call moves: the weight (its dtype's width), x (bf16) and the output (the contract's dtype)."""
-    d = OPS[op]
+    """Bytes one call moves: the weight (its dtype's width), x (bf16) and the output (the contract's dtype;
+    a gate's fp32 logits, which its fallback writes and reads back and its kernel keeps on chip)."""
+    d = TABLE[op]
     w = 1 if d.w_dtype.startswith("float8") else 2
-    out = 4 if d.out_dtype == "float32" else 2
+    out = 2 if getattr(d, "out_dtype", "float32") == "bfloat16" else 4
     return n * k * w + m * k * 2 + m * n * out
 
 
@@ -136,8 +137,8 @@ def _refuse(op: str, why: str) -> SettingError:
 
 
 def _check(op: str, samples: Sequence[Sample]) -> None:
-    if op not in OPS:
-        raise SettingError(f"cost model: no op {op!r} in the op table (ops: {', '.join(OPS)})")
+    if op not in TABLE:
+        raise SettingError(f"cost model: no op {op!r} in the op table (ops: {', '.join(TABLE)})")
     seen: set[Shape] = set()
     for s in samples:
         shape = (s.m, s.n, s.k)

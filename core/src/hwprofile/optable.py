@@ -57,6 +57,7 @@ class OpDef:
         "x_dtype",
     )
 
+    kind: Final = "gemm"  #: the contract kind (:data:`GEMM_KIND`; gates are :class:`GateDef`)
     name: str  #: op name: ``hwprofile.ops.<name>``, ``torch.ops.hwprofile.<name>``, kernel spec ``op``, settings prefix
     doc: str  #: one line: what it computes
     args: tuple[str, ...]  #: public argument names, in order (the last is the scale for scaled ops)
@@ -131,7 +132,7 @@ def _int(key: str, default: int, doc: str, lo: int = 0, hi: int = 1 << 24, bit_i
     return (key, "int", default, doc, bit_identical, lo, hi)
 
 
-def _kernel_limits(op: str, what: str, *, min_n: int, min_k: int) -> tuple[SettingDecl, ...]:
+def _kernel_limits(op: str, what: str, *, min_n: int, min_k: int, max_n: int = 262144) -> tuple[SettingDecl, ...]:
     """What a kernel of the skinny-GEMM family takes: the only box dispatch keeps (inside it, measured shapes
     and the cost model decide; the plan gate refuses what a target's limits cannot launch). The kernels stream
     x through shared memory in chunks, so K is bounded by what is served, not by shared memory: twice the
@@ -140,7 +141,7 @@ def _kernel_limits(op: str, what: str, *, min_n: int, min_k: int) -> tuple[Setti
         _int(f"{op}.min_k", min_k, f"smallest K the {what} takes", 1, 1 << 20),
         _int(f"{op}.max_k", 65536, f"largest K the {what} takes (x streamed through shared memory in chunks)", 1, 1 << 20),
         _int(f"{op}.min_n", min_n, f"smallest N the {what} takes", 1),
-        _int(f"{op}.max_n", 262144, f"largest N the {what} takes", 1),
+        _int(f"{op}.max_n", max_n, f"largest N the {what} takes", 1, max_n if max_n < 262144 else 1 << 24),
     )
 
 
@@ -317,7 +318,10 @@ FP8_GEMV = OpDef(
     w_dtype="float8_e4m3fn",
     out_dtype="bfloat16",
     scale_modes=(TENSOR_SCALE, ROW_SCALE),
-    fallback="x split into 3 e4m3 parts + one torch._scaled_mm(out_dtype=torch.float32) from 4 MiB of weight (K, N % 16 == 0), else chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32); fp32 scale",
+    fallback=(
+        "x split into 3 e4m3 parts + one torch._scaled_mm(out_dtype=torch.float32) from 4 MiB of weight (K, N % 16 == 0), "
+        "else chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32); fp32 scale"
+    ),
     max_m=1,
     min_n="fp8_gemv.min_n",
     max_n="fp8_gemv.max_n",
@@ -336,28 +340,152 @@ FP8_GEMV = OpDef(
 #: every op, by name, in the order the CLI and the docs list them
 OPS: dict[str, OpDef] = {op.name: op for op in (ROUTER_GEMM, LINEAR_BF16_FP32, GEMV, FP8_GEMV)}
 
+# --- the second contract kind: gates (a GEMM followed by a selection) ----------------------------
+
+GEMM_KIND: Final = "gemm"  #: OpDef: ``x . w^T`` -> one tensor; ABI ``(out, x, w, scale, M, N, K)``
+GATE_KIND: Final = "gate"  #: GateDef: router GEMM + expert selection -> ``(ids, weights)``; ABI of ``ops._gate.ARG_TYPES``
+
+
+@final
+class Router:
+    """One served router's selection settings: what a gate sweep and benchmark time at its (N, K)."""
+
+    __slots__ = ("k", "n", "n_group", "name", "renormalize", "scaling", "scoring", "top_k", "topk_group")
+
+    def __init__(self, name: str, n: int, k: int, *, top_k: int, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+                 scaling: float = 1.0, scoring: str = "sigmoid") -> None:
+        self.name, self.n, self.k, self.top_k, self.n_group, self.topk_group = name, n, k, top_k, n_group, topk_group
+        self.renormalize, self.scaling, self.scoring = renormalize, scaling, scoring
+
+    def __repr__(self) -> str:
+        return f"Router({self.name!r}, N={self.n}, K={self.k})"
+
+
+@final
+class GateDef:
+    """A gate op: the router GEMM ``hidden[..., K] bf16 . weight[N, K]^T`` (fp32 logits) then a selection.
+
+    Its dispatch bounds are those of a GEMM box (M, N, K; the same attribute names as :class:`OpDef`,
+    so ``ops._dispatch`` resolves them alike), its outputs two tensors, its arguments the selection's
+    on top. Consumers that are GEMM-specific iterate :data:`OPS`; those that cover every op
+    (settings, stamps' owner, ``explain``) iterate :data:`TABLE`.
+    """
+
+    __slots__ = ("args", "doc", "fallback", "grads", "grid", "max_k", "max_m", "max_n", "min_k", "min_n", "name", "outputs",
+                 "params", "routers", "scorings", "settings", "threshold")
+
+    kind: Final = GATE_KIND
+    x_dtype: Final = "bfloat16"
+    w_dtype: Final = "bfloat16"
+    logits_dtype: Final = "float32"  #: the GEMM's output on every path (what the selection reads)
+    k_vec: Final = 8  #: 16-byte loads of bf16
+    n_multiple: Final = 1
+    k_multiple: Final = 1
+    roof: Final = None
+    scale_modes: Final = (NO_SCALE,)
+    scaled: Final = False
+
+    name: str
+    doc: str
+    args: tuple[str, ...]  #: tensor arguments, in order
+    params: tuple[str, ...]  #: the selection's keyword arguments
+    outputs: tuple[tuple[str, str], ...]  #: (name, torch dtype name) of each result
+    scorings: tuple[str, ...]  #: accepted ``scoring`` values
+    fallback: str  #: identity of the fallback tuning stamps record
+    max_m: Bound
+    min_n: Bound
+    max_n: Bound
+    min_k: Bound
+    max_k: Bound
+    threshold: str
+    grid: tuple[tuple[int, int, int], ...]
+    routers: tuple[Router, ...]  #: the served routers a sweep and the benchmark time (their N, K and selection)
+    settings: tuple[SettingDecl, ...]
+    grads: tuple[str, ...]
+
+    def __init__(self, name: str, doc: str, *, args: tuple[str, ...], params: tuple[str, ...], outputs: tuple[tuple[str, str], ...],
+                 scorings: tuple[str, ...], fallback: str, max_m: Bound, min_n: Bound, max_n: Bound, min_k: Bound, max_k: Bound,
+                 routers: tuple[Router, ...], settings: tuple[SettingDecl, ...], grads: tuple[str, ...]) -> None:
+        self.name, self.doc, self.args, self.params, self.outputs, self.scorings = name, doc, args, params, outputs, scorings
+        self.fallback, self.max_m, self.min_n, self.max_n, self.min_k, self.max_k = fallback, max_m, min_n, max_n, min_k, max_k
+        self.threshold, self.routers, self.settings, self.grads = "max_tokens", routers, settings, grads
+        self.grid = tuple((m, r.n, r.k) for r in routers for m in range(1, 17))
+        declared = {s[0] for s in settings}
+        for b in (max_m, min_n, max_n, min_k, max_k):
+            if isinstance(b, str) and b not in declared:
+                raise ValueError(f"op {name}: bound {b!r} names a setting the op does not declare")
+
+    def bound_keys(self) -> tuple[str, ...]:
+        return tuple(b for b in (self.max_m, self.min_n, self.max_n, self.min_k, self.max_k) if isinstance(b, str))
+
+    def router_for(self, n: int, k: int) -> Router:
+        """The served router of (N, K), or a plain sigmoid top-min(8, N) one (what a sweep of another shape times)."""
+        return next((r for r in self.routers if (r.n, r.k) == (n, k)), Router(f"N={n} K={k}", n, k, top_k=min(8, n)))
+
+    def __repr__(self) -> str:
+        return f"GateDef({self.name!r})"
+
+
+#: the routers the gate's grid and benchmark cover (configs published with each model)
+_ROUTERS = (
+    Router("deepseek-v3", 256, 7168, top_k=8, n_group=8, topk_group=4, scaling=2.5),
+    Router("kimi-k2", 384, 7168, top_k=8, scaling=2.827),
+    Router("moonlight-16b", 64, 2048, top_k=6, scaling=2.446),  # DeepSeek-V3 rules, 64 experts, one group
+    Router("qwen3-235b", 128, 4096, top_k=8, scoring="softmax"),
+    Router("glm-4.5", 160, 5120, top_k=8, scaling=2.5),
+    Router("qwen3-next-80b", 512, 2048, top_k=10, scoring="softmax"),
+)
+
+MOE_GATE = GateDef(
+    "moe_gate",
+    "MoE gate step: router GEMM (fp32 logits) + sigmoid/softmax scores + correction bias + grouped top-k + renormalise + scale",
+    args=("hidden", "weight", "bias"),
+    params=("top_k", "n_group", "topk_group", "renormalize", "routed_scaling_factor", "scoring"),
+    outputs=(("topk_ids", "int64"), ("topk_weights", "float32")),
+    scorings=("sigmoid", "softmax"),
+    fallback="torch.mm(out_dtype=torch.float32) + torch grouped top-k (hwprofile.ops._gate.select_torch)",
+    max_m="moe_gate.max_tokens",
+    min_n="moe_gate.min_n",
+    max_n="moe_gate.max_n",
+    min_k="moe_gate.min_k",
+    max_k="moe_gate.max_k",
+    routers=_ROUTERS,
+    grads=("hidden", "weight"),
+    settings=(
+        _int("moe_gate.max_tokens", 16, "largest M the fused gate kernel takes (its limit: M <= 16); the cost model decides inside", 0, 16),
+        *_kernel_limits("moe_gate", "fused gate kernel", min_n=2, min_k=8, max_n=512),
+        _measured("moe_gate"),
+        _model("moe_gate"),
+    ),
+)
+
+#: gate ops, by name
+GATES: dict[str, GateDef] = {MOE_GATE.name: MOE_GATE}
+#: every op of every kind, by name: what settings, stamps and ``explain`` cover
+TABLE: dict[str, OpDef | GateDef] = {**OPS, **GATES}
+
 
 def get(name: str) -> OpDef:
     """The op called ``name``; an unknown name is an error listing the known ones."""
     op = OPS.get(name)
     if op is None:
-        raise KeyError(f"no op {name!r} in hwprofile's op table; known ops: {', '.join(OPS)}")
+        raise KeyError(f"no op {name!r} in hwprofile's op table; known ops: {', '.join(OPS)}" + (
+            f" ({name!r} is a gate op: optable.GATES)" if name in GATES else ""))
     return op
 
 
-def owner(key: str) -> OpDef | None:
+def owner(key: str) -> OpDef | GateDef | None:
     """The op whose settings declare ``key`` (``router_gemm.max_tokens`` -> ``ROUTER_GEMM``), or ``None``.
 
     A measured value of ``key`` applies only when its stamp names this op (``tuning.untied``): a
     sweep of another op measured another kernel against another fallback. Read from the table at call
     time (an op added since import counts).
     """
-    for op in OPS.values():
-        if any(s[0] == key for s in op.settings):
-            return op
-    return None
+    every: list[OpDef | GateDef] = [*OPS.values(), *GATES.values()]
+    return next((op for op in every if any(s[0] == key for s in op.settings)), None)
 
 
 def setting_declarations() -> tuple[SettingDecl, ...]:
-    """Every op's settings, in table order (``settings.CORE_SETTINGS`` declares them)."""
-    return tuple(s for op in OPS.values() for s in op.settings)
+    """Every op's settings, both kinds, in table order (``settings.CORE_SETTINGS`` declares them)."""
+    every: list[OpDef | GateDef] = [*OPS.values(), *GATES.values()]
+    return tuple(s for op in every for s in op.settings)

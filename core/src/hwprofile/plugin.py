@@ -43,6 +43,11 @@ The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwpro
   ``hwprofile_kernels``.
 * ``plan_skinny_gemm(tuning, m=, n=, k=, fp8=, out=, scale=, split_k=)``: the family's launch for one
   call, for a plugin that routes some shapes to the family and others to kernels of its own.
+* ``plan_skinny_gate(tuning, m=, n=, k=, split_k=, n_group=, topk_group=, top_k=)``: the fused MoE gate
+  (``ops.moe_gate``) on the family's GEMM, entry ``HWP_MOE_GATE_ENTRY_POINT`` of ``hwprofile/moe_gate.cuh``;
+  ``check_gate_shape(m=, n=, k=, n_group=, topk_group=, top_k=, what=)`` is its bounds' ``ValueError``
+  (and returns the ``MAX_N`` template argument), for a plugin planning the gate on a GEMM of its own;
+  ``gate_kernel_spec(package, source, tuning, device)`` the whole spec of a plugin on the family.
 * ``check_kernel_shape(m=, n=, k=, vec=, max_m=, what=)``: the ``ValueError`` (naming the limit) a
   planner raises for a shape no kernel of the family takes, so a gate can refuse it.
 * ``PREBUILT_SHAPES``: the ops the family computes, each with the (M, N, K) shapes whose instances
@@ -78,12 +83,15 @@ from .catalog import CatalogEntry
 from .device import DeviceInfo
 from .errors import PluginError, SettingError
 from .hookspecs import hookimpl
+from .kernels.gate_plan import check_gate as check_gate_shape
+from .kernels.gate_plan import plan_skinny_gate
+from .kernels.gate_plan import skinny_gate_spec as gate_kernel_spec
 from .kernels.skinny_gemm import PREBUILT_SHAPES, ArchTuning, Planner, kernel_specs, prebuilt_instances
 from .kernels.skinny_gemm import check_shape as check_kernel_shape
 from .kernels.skinny_gemm import for_device as tuning_for_device
 from .kernels.skinny_gemm import plan as plan_skinny_gemm
 from .kernels.spec import KernelSpec, Launch, _package_dir
-from .optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
+from .optable import NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE, GateDef, OpDef
 from .optable import get as op_def
 from .registry import ArchSpec, PluginInfo
 from .settings import EnvDefault, Setting, Value
@@ -112,14 +120,18 @@ __all__ = [
     "Setting",
     "Stamp",
     "Value",
+    "check_gate_shape",
     "check_kernel_shape",
     "compile_kernel",
+    "gate_kernel_spec",
     "hookimpl",
     "kernel_specs",
     "op_def",
+    "plan_skinny_gate",
     "plan_skinny_gemm",
     "prebuilt_instances",
     "profile_for",
+    "rule_model",
     "shipped_stamp",
     "shipped_values",
     "simulated_device",
@@ -197,34 +209,55 @@ def shipped_values(package: str, file: str, op: str, reason: str) -> dict[str, V
 #: fp32-output kernel 1.3 against cuBLAS's 4.7, the bf16 GEMVs 3.0 both, the FP8 kernel 3.3 against 9.7
 _KERNEL_LAUNCH_US = {"float32": 1.3, "bfloat16": 3.0}
 _FALLBACK_LAUNCH_US = {"float32": 4.7, "bfloat16": 3.0}
+#: a gate's fixed costs (µs): the fused kernel (router GEMM + selection in one launch) against torch's step (the
+#: router GEMM and about a dozen selection launches); the H200's bench_moe_gate before the fusion: torch's step
+#: 35-55 µs in graph replay, the GEMM alone 3 (benchmarks/RESULTS.md)
+_GATE_LAUNCH_US = (4.0, 30.0)
 
 
-def _rule_model(op: OpDef, tbps: float) -> str:
+def _rule_model(op: OpDef | GateDef, tbps: float) -> str:
     """A cost model by the bandwidth rule: both paths move the call's bytes at 0.85 x the device's peak after
-    a fixed per-call cost (the H200 fit's, by output dtype); an FP8 fallback that dequantises moves 3x the bytes."""
+    a fixed per-call cost (the H200 fit's, by output dtype; a gate's, :data:`_GATE_LAUNCH_US`); an FP8 fallback
+    that dequantises moves 3x the bytes."""
     from .costmodel import CostModel, PathFit, format_model
 
     bw = round(0.85 * tbps, 3)
+    if isinstance(op, GateDef):
+        kernel, fallback = PathFit(_GATE_LAUNCH_US[0], [(10, bw)]), PathFit(_GATE_LAUNCH_US[1], [(10, bw)])
+        return format_model(CostModel(op.name, kernel, fallback, samples=0))
     fp8 = op.scaled
     kernel = PathFit(3.3 if fp8 else _KERNEL_LAUNCH_US[op.out_dtype], [(10, bw)])
     fallback = PathFit(9.7 if fp8 else _FALLBACK_LAUNCH_US[op.out_dtype], [(10, round(bw / 3, 3) if fp8 else bw)])
     return format_model(CostModel(op.name, kernel, fallback, samples=0))
 
 
+def _peak_tbps(device: DeviceInfo) -> float:
+    """The device's peak memory bandwidth: bus width x memory clock x 2 (DDR); 1 TB/s where NVML gave neither."""
+    width, clock = getattr(device, "memory_bus_width_bits", 0), getattr(device, "max_memory_clock_mhz", 0)
+    return width / 8 * clock * 2 / 1e6 if width and clock else 1.0
+
+
+def rule_model(op: str, device: DeviceInfo, *, sku: str) -> Value:
+    """``op``'s ``<op>.model`` by the bandwidth rule on ``device``, for an op a plugin has not swept on ``sku``:
+    ``explain`` says "predicted, not measured on this SKU" and ``hwprofile tune`` measures it first."""
+    tbps = _peak_tbps(device)
+    why = f"not measured on {sku}; bandwidth rule at {tbps:.2f} TB/s peak (hwprofile.plugin.rule_model)"
+    return Value(_rule_model(TABLE[op], tbps), why)
+
+
 def unmeasured_settings(device: DeviceInfo, *, sku: str, split_k_reason: str) -> dict[str, Value]:
     """The settings a plugin for an SKU nobody measured states, the same rule for each (sm100 and sm120 call it).
 
-    * ``<op>.model`` for every op of the table: the bandwidth rule (:func:`_rule_model`) at the device's peak
+    * ``<op>.model`` for every op of the table (both kinds): the bandwidth rule (:func:`_rule_model`) at the device's peak
       bandwidth (bus width x memory clock x 2; 1 TB/s where unknown). A kernel with a smaller fixed cost is
       predicted faster at every shape (the router GEMM and the small-M linear, as on the H200), an equal one
       never (the bf16 GEMV: a tie goes to the fallback), the FP8 kernel wherever its third of the bytes wins.
       ``explain`` says "predicted, not measured on this SKU"; ``hwprofile tune`` measures it first.
     * the M limits of the fp32-output kernels (16), and ``gemv.split_k`` on (``split_k_reason`` says why).
     """
-    width, clock = getattr(device, "memory_bus_width_bits", 0), getattr(device, "max_memory_clock_mhz", 0)
-    tbps = width / 8 * clock * 2 / 1e6 if width and clock else 1.0
+    tbps = _peak_tbps(device)
     why = f"not measured on {sku}; bandwidth rule at {tbps:.2f} TB/s peak (hwprofile.plugin.unmeasured_settings)"
-    out = {f"{name}.model": Value(_rule_model(op, tbps), why) for name, op in OPS.items()}
+    out = {f"{name}.model": Value(_rule_model(op, tbps), why) for name, op in TABLE.items()}
     for op in OPS.values():
         if isinstance(op.max_m, str):
             out[op.max_m] = Value(16, f"the kernel's limit (M <= 16); inside it the cost model decides; {why}")

@@ -21,14 +21,11 @@ contiguous). Gradients: every op's backward is the fallback's math in fp32 accum
 (``OpDef.grads``). Under ``torch.compile`` with static shapes the route is decided while tracing
 (a fallback route is plain torch in the graph); see ``_dispatch._compiled``.
 
-:func:`moe_gate` (DeepSeek-V3 / Kimi-K2 gate step) is not an op-table entry: it is router_gemm's
-entry (routed like it) followed by the selection, which ``_gate`` routes to a plugin's selection
-kernel (``KernelSpec(op="moe_gate")``, its own ABI) or to the torch ``_fallbacks.grouped_topk``.
-Why not an ``OpDef``: every consumer of the table (dispatch's bounds and ABI ``(out, x, w, scale, M,
-N, K)``, sweep and tune's (M, N, K) grids against ``fallback(x, w)``, the custom op and its GEMM
-backward, the contract suite, the tests that every plugin serves every op) assumes one GEMM
-contract; a gate has two outputs, six more arguments and a cost that does not depend on K
-(docs/architecture.md, "ops.moe_gate: one op beside the table").
+:func:`moe_gate` (the MoE gate step) is the op table's entry of its second contract kind
+(``optable.GATES``, a :class:`~hwprofile.optable.GateDef`): a GEMM box like the GEMM ops' (its own
+``moe_gate.*`` settings), two outputs and the selection's arguments; ``_gate`` routes it to the
+plugin's fused kernel (one launch: GEMM and selection) or to its torch fallback
+(docs/architecture.md, "ops.moe_gate: the gate kind of the op table").
 
 The package, one concern a module:
 
@@ -36,7 +33,7 @@ The package, one concern a module:
   tables and route memos, :func:`decide`, and the eager entry every op calls;
 * ``_fallbacks``: the fallback registry, keyed by the op table;
 * ``_kernel``: operand checks, loading and launching a kernel (never routes);
-* ``_gate``: moe_gate's selection kernel: its route (:func:`decide_moe_gate`), loading, launching, faults;
+* ``_gate``: moe_gate: its route (:func:`decide_moe_gate`), torch path, custom op, the fused kernel's launch and faults;
 * ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``;
 * ``_warmup``: :func:`warmup`, which makes first calls of given shapes safe inside a CUDA-graph capture.
 
@@ -63,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import HwprofileError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
-from . import _dispatch, _fallbacks, _gate, _kernel, _library
+from . import _dispatch, _gate, _kernel, _library
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
 from ._fallbacks import FALLBACKS
 from ._gate import decide as decide_moe_gate
@@ -107,68 +104,28 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *, out: torc
 
 def moe_gate(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, top_k: int, n_group: int = 1,
-    topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+    topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0, scoring: str = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The DeepSeek-V3 / Kimi-K2 MoE gate step: ``(topk_ids int64, topk_weights float32)``, each ``[..., top_k]``.
+    """The MoE gate step: ``(topk_ids int64, topk_weights float32)``, each ``[..., top_k]``.
 
-    ``hidden [..., K]`` bf16 and ``weight [N, K]`` bf16 give fp32 logits through :func:`router_gemm`
-    (its kernel where its gates allow, the fp32 cuBLAS fallback elsewhere; under ``torch.compile``
-    routed while tracing), then the selection: the plugin's selection kernel, launched right after
-    the GEMM on the same stream, where :func:`decide_moe_gate` says so (sm90: M <= 16, N <= 512,
-    top_k <= 32, n_group <= 32), else the torch ``_fallbacks.grouped_topk`` (also for CPU tensors,
-    a call that needs gradients and under ``torch.compile``), with the same rules: sigmoid, the
-    correction ``bias`` ([N] float32, ``e_score_correction_bias``; None: none), ``n_group`` groups
-    scored by the sum of their top-2, the ``topk_group`` best kept, the ``top_k`` best experts,
-    weights = unbiased scores, normalised if ``renormalize`` (``norm_topk_prob``), times
-    ``routed_scaling_factor``. Ties go to the lower index; ids in descending order of biased score.
-    DeepSeek-V3: N=256, n_group=8, topk_group=4, top_k=8, scaling 2.5; Kimi-K2: N=384, n_group=1, top_k=8.
+    ``hidden [..., K]`` bf16 and ``weight [N, K]`` bf16 give fp32 router logits, then the selection:
+    scores = sigmoid(logits) (``scoring="softmax"``: softmax over the N experts), the correction
+    ``bias`` ([N] float32, ``e_score_correction_bias``; None: none) added for the choice, ``n_group``
+    groups scored by the sum of their top-2 (softmax: their largest), the ``topk_group`` best kept,
+    the ``top_k`` best experts; weights = unbiased scores, normalised if ``renormalize``
+    (``norm_topk_prob``), times ``routed_scaling_factor``. Ties go to the lower index; ids in
+    descending order of biased score. DeepSeek-V3: N=256, n_group=8, topk_group=4, top_k=8, scaling
+    2.5; Kimi-K2: N=384, top_k=8, scaling 2.827; Qwen3 MoE: N=128, top_k=8, scoring="softmax".
 
-    Gradients: ``topk_weights`` is differentiable in ``hidden`` and ``weight`` (router_gemm's
-    backward and torch's for the selection); ids and ``bias`` carry none (``bias`` is refused if it
-    requires grad). A kernel fault warns once and takes the torch selection from then on.
+    One launch where :func:`decide_moe_gate` says so (the plugin's fused kernel: GEMM and selection;
+    sm90: M <= 16, N <= 512, top_k <= 32, n_group <= 32, inside the ``moe_gate.*`` box), else the
+    torch path (``torch.mm(out_dtype=float32)`` and the same selection in torch; also for CPU
+    tensors). Under ``torch.compile`` the route is decided while tracing. Gradients:
+    ``topk_weights`` is differentiable in ``hidden`` and ``weight`` (router_gemm's backward and torch's
+    for the selection); ids and ``bias`` carry none (``bias`` is refused if it requires grad). A
+    kernel fault warns once and takes the torch path from then on.
     """
-    n = _check_gate(hidden, weight, bias, top_k, n_group, topk_group)
-    logits = _call(_ROUTER_GEMM, hidden, weight, None, None).reshape(-1, n)
-    lead = hidden.shape[:-1]
-    got = _gate.select(logits, bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
-    ids, weights = got if got is not None else _fallbacks.grouped_topk(
-        logits, bias, n_group, topk_group, top_k, renormalize, routed_scaling_factor
-    )
-    return ids.reshape(*lead, top_k), weights.reshape(*lead, top_k)
-
-
-def _check_gate(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, topk_group: int) -> int:
-    """moe_gate's own arguments (router_gemm checks hidden and weight); returns N. Errors name the argument."""
-    import torch
-
-    n = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else -1
-    if n < 0:
-        raise ValueError(f"moe_gate: weight must be a 2-D [N, K] torch.Tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
-    for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
-    if n % n_group:
-        raise ValueError(f"moe_gate: N={n} experts (weight rows) do not split into n_group={n_group} equal groups")
-    per = n // n_group
-    if n_group > 1 and per < 2:
-        raise ValueError(
-            f"moe_gate: a group's score sums its top-2 experts, so groups need >= 2 experts; got {per} (N={n}, n_group={n_group})"
-        )
-    if topk_group > n_group:
-        raise ValueError(f"moe_gate: topk_group={topk_group} > n_group={n_group}")
-    if top_k > topk_group * per:
-        raise ValueError(f"moe_gate: top_k={top_k} > the {topk_group * per} experts of topk_group={topk_group} groups of {per}")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (n,):
-            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
-            raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
-        if bias.device != weight.device:
-            raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
-        if bias.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
-            )
-    return int(n)
+    return _gate.call(hidden, weight, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring)
 
 
 def _entry(op: str) -> _dispatch._Entry:

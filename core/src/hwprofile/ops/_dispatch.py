@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 from .. import _env, _state, costmodel, tuning
 from .. import profiles as _profile_mod
 from ..errors import HwprofileError, SettingError
-from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE, OpDef
+from ..optable import GATES, NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE, OpDef
 from ..profiles import Profile, profile
 from . import _fallbacks, _kernel
 from ._fallbacks import FALLBACKS
@@ -462,12 +462,16 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
     for dim, v in (("m", m), ("n", n), ("k", k)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"decide({op!r}): {dim} must be an int >= 0, got {v!r}")
+    if op in GATES:  # the gate kind: its own route, with a plain top-min(8, N) selection (ops.decide_moe_gate takes the rest)
+        from . import _gate
+
+        return _gate.decide(prof, m=m, n=n, k=k, top_k=max(1, min(8, n)))
     t = _tables.get(prof.device.index)
     if t is None or t.prof is not prof:
         t = _Table(prof)
     r = t.routes.get(op)
     if r is None:
-        raise KeyError(f"no op {op!r}; known ops: {', '.join(OPS)}")
+        raise KeyError(f"no op {op!r}; known ops: {', '.join(TABLE)}")
     gate = route(r, m, n, k)
     kernel_us, fallback_us = times(r, gate, m, n, k)
     return Decision(
@@ -581,7 +585,12 @@ def _dispatch(
     r.counts["fallback"] += 1
     if gate == "empty":
         return x.new_zeros((m, n), dtype=e.out_dtype)
+    if (e.name, idx, _thread_id()) not in _kernel.fallback_ready:  # its first run here: never inside a capture (_kernel.first_fallback)
+        _kernel.first_fallback(e.name, idx, f"M={m}, N={n}, K={k}")
     return e.fallback(x, w) if scale is None else e.fallback(x, w, scale)
+
+
+_thread_id = _kernel.thread_id
 
 
 def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
@@ -621,6 +630,9 @@ def call(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:
             r.counts["fallback"] += 1
             if gate == "empty":
                 return x.new_zeros((m, n), dtype=e.out_dtype)
+            # its first run here: never inside a capture (_kernel.first_fallback)
+            if (e.name, idx, _thread_id()) not in _kernel.fallback_ready:
+                _kernel.first_fallback(e.name, idx, f"M={m}, N={n}, K={k}")
             return e.fallback(x, w) if scale is None else e.fallback(x, w, scale)
     if _compiling():
         return _compiled(e, x, w, scale, out)

@@ -270,35 +270,3 @@ FALLBACKS: dict[str, Callable[..., Any]] = {
     FP8_GEMV.name: fp8_mm,
 }
 
-
-def grouped_topk(
-    logits: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float
-) -> tuple[Any, Any]:
-    """The DeepSeek-V3 / Kimi-K2 expert selection on fp32 router logits ``[M, N]``: ``(ids int64, weights fp32)`` ``[M, top_k]``.
-
-    The rules of transformers' ``DeepseekV3TopkRouter`` and SGLang's ``biased_grouped_topk`` /
-    ``moe_fused_gate``: scores = sigmoid(logits); choice = scores + bias; a group's score is the sum
-    of its top-2 choice values; the ``topk_group`` best groups stay; the ``top_k`` best choice
-    values among their experts are picked (other groups' experts are -inf, as SGLang: transformers
-    fills 0.0, which differs only where a biased score is <= 0); weights are the *unbiased* scores
-    of the picked experts, divided by their sum + 1e-20 if ``renormalize``, times ``scaling``.
-    Ties go to the lower group and the lower expert index (stable sorts), and ids come in
-    descending order of choice value.
-    """
-    torch = _torch
-    m, n = logits.shape
-    scores = logits.sigmoid()
-    choice = scores if bias is None else scores + bias
-    if n_group > 1:
-        per = n // n_group
-        group_scores = choice.view(m, n_group, per).topk(2, dim=-1).values.sum(dim=-1)
-        keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
-        mask = torch.zeros((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, True)
-        choice = choice.masked_fill(~mask.unsqueeze(-1).expand(m, n_group, per).reshape(m, n), float("-inf"))
-    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    if scaling != 1.0:
-        weights = weights * scaling
-    return ids, weights

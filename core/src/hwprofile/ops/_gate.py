@@ -1,132 +1,436 @@
-"""The selection kernel of ``ops.moe_gate``: its route, loading and launch, and the fallback on any fault.
+"""``ops.moe_gate``: the gate op of the op table's second contract kind (``optable.GATES``). Never imports torch at import.
 
-``moe_gate`` is router_gemm (routed as that op) followed by the expert selection; a plugin that
-ships a :class:`~hwprofile.kernels.KernelSpec` for op ``"moe_gate"`` (``hwprofile_sm90.moe_gate``)
-runs the selection as one kernel on the logits, launched right after the GEMM on the same stream.
-The spec is not an op of the op table (``optable.OPS``): its ABI is not the GEMM's ``(out, x, w,
-scale, M, N, K)`` but :data:`ARG_TYPES`, and its ``configure`` takes the gate's shape
-(``m, n, n_group, topk_group, top_k``); a ValueError from it is the route's reason for the torch
-selection. Every fault (compile, load, launch) is one warning and the torch selection from then on
-on that device, as for the ops; ``HWPROFILE_STRICT=1`` raises it.
+The gate is the router GEMM (``hidden [M, K] bf16 . weight [N, K]^T`` -> fp32 logits) followed by the
+expert selection. A plugin ships one fused kernel for it (``KernelSpec(op="moe_gate")``: sm90
+``hwprofile_sm90/moe_gate.py``, sm100 / sm120 on the skinny-GEMM family through
+``hwprofile.plugin.plan_skinny_gate``): GEMM, scores, bias, grouped top-k, renormalisation and
+scaling in **one launch** (``hwprofile/moe_gate.cuh``). Its ABI is :data:`ARG_TYPES`, its plan
+``configure(m=, n=, k=, split_k=, n_group=, topk_group=, top_k=)``.
+
+Routing (:func:`route_gate`): the GEMM box of the op table's entry (``moe_gate.max_tokens``,
+``min_n`` .. ``max_n``, ``min_k`` .. ``max_k``, resolved per device by ``_dispatch._Route`` and decided
+by ``_dispatch.route``, so ``empty``, ``deterministic``, ``no_kernel`` and ``failed`` read as for every
+op), then ``plan`` (the plugin's planner refuses the selection: a ValueError naming the bound), then
+``layout`` per call. The answer and the launch plan are remembered per (device, M, N, K, n_group,
+topk_group, top_k): a call plans once (issue 35: it used to plan twice). The fallback is plain torch
+(:func:`fallback`: ``torch.mm(out_dtype=float32)`` then :func:`select_torch`), the function a sweep
+times and ``torch.compile`` traces; a call that needs gradients computes its logits through
+``router_gemm``'s custom op (its backward) and selects in torch.
+
+Capture safety: inside a CUDA-graph capture nothing is compiled or loaded and no workspace is
+allocated: a fused kernel not loaded yet, or a device without its counter workspace, takes the
+fallback if that ran in this thread before (``_kernel.fallback_ready``), else
+:class:`~hwprofile.ops.NotWarmedError` names the op and the shape; ``hwprofile.ops.warmup`` loads the
+kernel, allocates the workspace and runs the fallback once.
+
+The counter workspace: the kernel's last CTA is found with a device-wide counter that is zero
+between launches. Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
+freed (a captured graph keeps its address); an eager launch uses its stream's slot, a launch being
+captured a slot of its own, so two launches that may run at once never share a counter.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from .. import _state
 from .._log import get_logger
 from ..errors import KernelError
+from ..optable import MOE_GATE
 from . import _dispatch, _kernel
 
 if TYPE_CHECKING:
     from ..kernels import Launch
     from ..profiles import Profile
 
-OP = "moe_gate"
-#: the selection kernel's C signature: (ids int64*, weights f32*, logits f32*, bias f32* or null,
-#: M, N, n_group, topk_group, top_k, renormalize, routed_scaling_factor)
-ARG_TYPES = (ctypes.c_void_p,) * 4 + (ctypes.c_int,) * 6 + (ctypes.c_float,)
+OP: Final = MOE_GATE.name
+#: the fused kernel's C signature: (ids int64*, weights f32*, logits f32*, counter u32*, x bf16*, w bf16*,
+#: bias f32* or null, M, N, K, n_group, topk_group, top_k, flags, routed_scaling_factor)
+ARG_TYPES: Final = (ctypes.c_void_p,) * 7 + (ctypes.c_int,) * 7 + (ctypes.c_float,)
+RENORM: Final = 1  # flags (hwprofile/moe_gate.cuh kRenorm, kSoftmax)
+SOFTMAX: Final = 2
+#: counter words per device: stream slots for eager launches, then one per launch captured into a graph
+COUNTER_SLOTS: Final = 1 << 16
+_STREAM_SLOTS: Final = 1 << 10
 
 log = get_logger(__name__)
 
-#: device index -> why the selection kernel failed there (cleared with the device's dispatch table)
+#: device index -> why the fused kernel failed there (cleared with the device's dispatch table)
 failed: dict[int, str] = {}
+_lock = threading.Lock()
+_routes: dict[int, tuple[Any, Any]] = {}  # device index -> (its dispatch table, the gate's _Route on it)
+_memo: dict[tuple[int, int, int, int, int, int, int], tuple[Any, str | None, Any]] = {}  # see _remember
 _loaded: dict[tuple[int, str], Any] = {}  # (device index, name expression) -> LoadedKernel
-_warned_capture: set[int] = set()
+_workspace: dict[int, Any] = {}  # device index -> int32 [COUNTER_SLOTS] zeros: never freed (graphs keep its address)
+_stream_slot: dict[tuple[int, int], int] = {}  # (device, raw stream) -> its eager slot
+_captured_next: dict[int, int] = {}  # device -> next slot for a launch being captured
+_warned_capture: set[tuple[int, int, int]] = set()
 
 
 def _new_table(t: _dispatch._Table) -> None:
-    """A rebuilt dispatch table (a reset, a new profile): the gate's failures and launchers of that device go with the old one."""
-    failed.pop(t.index, None)
-    for key in [key for key in _loaded if key[0] == t.index]:
-        del _loaded[key]
+    """A rebuilt dispatch table (a reset, a new profile): the gate's routes, memos, failures and launchers of that device go."""
+    with _lock:
+        failed.pop(t.index, None)
+        _routes.pop(t.index, None)
+        for key in [key for key in _memo if key[0] == t.index]:
+            del _memo[key]
+        for loaded in [key for key in _loaded if key[0] == t.index]:
+            del _loaded[loaded]
 
 
 _dispatch.on_new_table.append(_new_table)
 
 
-def unplannable(prof: Profile, m: int, n: int, n_group: int, topk_group: int, top_k: int) -> str | None:
-    """Why ``prof``'s device cannot run the selection kernel for this gate (None: it can), in words."""
-    spec = prof.kernels.get(OP)
-    if spec is None:
-        who = f"plugin {prof.plugin.name}" if prof.plugin is not None else "no architecture plugin"
-        return f"{who} ships no moe_gate selection kernel for {prof.device.name}"
-    if prof.device.index in failed:
-        return f"its selection kernel failed on cuda:{prof.device.index} in this process: {failed[prof.device.index]}"
+@_state.on_reset
+def _forget() -> None:
+    with _lock:
+        failed.clear()
+        _routes.clear()
+        _memo.clear()
+        _loaded.clear()  # the workspace stays: a captured graph may still point at it
+
+
+# --- routing ---------------------------------------------------------------------------------------
+
+
+def _route_of(t: _dispatch._Table) -> Any:
+    """The gate's ``_dispatch._Route`` on table ``t`` (its box resolved from the profile once)."""
+    got = _routes.get(t.index)
+    if got is not None and got[0] is t:
+        return got[1]
+    r = _dispatch._Route(MOE_GATE, t.prof)  # type: ignore[arg-type]  # a GateDef has the bounds an OpDef has
+    r.plan_problem = lambda m, n, k: None  # the plan needs the selection too: route_gate asks it
+    if t.index in failed:
+        r.off = "failed"
+    _routes[t.index] = (t, r)
+    return r
+
+
+def plan(prof: Profile, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int, split_k: bool) -> tuple[Any, str | None]:
+    """``(launch, None)``, or ``(None, why)`` when the plugin's planner refuses the gate (its words)."""
+    spec = prof.kernels[OP]
     try:
-        spec.configure(m=m, n=n, n_group=n_group, topk_group=topk_group, top_k=top_k)
+        return spec.configure(m=m, n=n, k=k, split_k=split_k, n_group=n_group, topk_group=topk_group, top_k=top_k), None
     except ValueError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
 
 
-def decide(prof: Profile, *, m: int, n: int, n_group: int = 1, topk_group: int = 1, top_k: int) -> _dispatch.Decision:
-    """The path of ``ops.moe_gate``'s selection on ``prof``'s device for ``m`` tokens of ``n`` experts, with the reason.
+def route_gate(t: _dispatch._Table, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int) -> tuple[str | None, Any, str]:
+    """``(gate, launch, words)``: ``gate`` None sends the call to the fused kernel with ``launch``; else the gate that refused."""
+    r = _route_of(t)
+    gate = _dispatch.route(r, m, n, k)
+    if gate is None:
+        launch, why = plan(t.prof, m, n, k, n_group, topk_group, top_k, t.split_k)
+        if launch is None:
+            return "plan", None, f"the {OP} kernel of {r.who} cannot take M={m}, N={n}, K={k}, n_group={n_group}, " \
+                                 f"topk_group={topk_group}, top_k={top_k}: {why}"
+        return None, launch, _dispatch._reason(r, None, m, n, k)
+    if gate == "failed" and t.index in failed:
+        return gate, None, f"the {OP} kernel failed in this process on cuda:{t.index}: {failed[t.index]}"
+    return gate, None, _dispatch._reason(r, gate, m, n, k)
 
-    The GEMM before it is router_gemm's (``ops.decide("router_gemm", prof, m=m, n=n, k=K)``). CUDA
-    operands without gradients and outside ``torch.compile`` are assumed (those take the torch
-    selection, which autograd and inductor see).
+
+def decide(prof: Profile, *, m: int, n: int, k: int, n_group: int = 1, topk_group: int = 1, top_k: int = 8) -> _dispatch.Decision:
+    """The path ``ops.moe_gate`` takes on ``prof``'s device for ``m`` tokens, ``n`` experts, hidden ``k``, with the reason.
+
+    CUDA operands without gradients, contiguous and aligned, are assumed (a call that needs
+    gradients takes the torch path, which autograd sees). ``ops.decide("moe_gate", ...)`` is this with
+    a plain top-``min(8, n)`` selection.
     """
-    for name, v in (("m", m), ("n", n), ("n_group", n_group), ("topk_group", topk_group), ("top_k", top_k)):
+    for name, v in (("m", m), ("n", n), ("k", k), ("n_group", n_group), ("topk_group", topk_group), ("top_k", top_k)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"decide_moe_gate: {name} must be an int >= 0, got {v!r}")
-    if m == 0:
-        return _dispatch.Decision(OP, "fallback", "empty problem (M = 0): nothing to select", "empty", "fixed")
-    why = unplannable(prof, m, n, n_group, topk_group, top_k)
-    if why is None:
-        spec = prof.kernels[OP]
-        return _dispatch.Decision(OP, "kernel", f"{spec.plugin}'s selection kernel takes M={m}, N={n}, n_group={n_group}, "
-                                  f"topk_group={topk_group}, top_k={top_k}", None, "fixed")
-    return _dispatch.Decision(OP, "fallback", f"the torch selection: {why}", "kernel", "fixed")
+    t = _dispatch._tables.get(prof.device.index)
+    if t is None or t.prof is not prof:
+        t = _dispatch._Table(prof)
+    gate, _, words = route_gate(t, m, n, k, n_group, topk_group, top_k)
+    r = _route_of(t)
+    return _dispatch.Decision(OP, "kernel" if gate is None else "fallback", words, gate, _dispatch.basis(r, gate, m, n, k))
 
 
-def select(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float) -> tuple[Any, Any] | None:
-    """``(ids int64, weights fp32)`` ``[M, top_k]`` from the selection kernel, or None: the caller runs the torch selection.
-
-    ``logits`` is router_gemm's fp32 ``[M, N]`` result; the arguments were checked by ``moe_gate``.
-    """
-    if _dispatch._compiling() or (logits.requires_grad and _dispatch._grad_enabled()):
-        return None  # inductor fuses the torch selection; autograd needs its graph
-    idx = logits.get_device()
-    if idx < 0:
-        idx = _dispatch._cpu_index if logits.is_cpu and (bias is None or bias.is_cpu) else -1
-    m, n = logits.shape
-    if idx < 0 or m == 0 or not logits.is_contiguous() or (bias is not None and not bias.is_contiguous()):
-        return None
+def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, str | None, Any]:
     t = _dispatch.table(idx)
-    if unplannable(t.prof, m, n, n_group, topk_group, top_k) is not None:
-        return None
-    ids = logits.new_empty((m, top_k), dtype=_ids_dtype())
-    weights = logits.new_empty((m, top_k))
-    if not launch(t, ids, weights, logits, bias, m, n, n_group, topk_group, top_k, renormalize, scaling):
-        return None
+    _, m, n, k, n_group, topk_group, top_k = key
+    gate, launch, _ = route_gate(t, m, n, k, n_group, topk_group, top_k)
+    hit = (t, gate, launch)
+    with _lock:
+        if len(_memo) >= 4096:
+            _memo.clear()
+        _memo[key] = hit
+    return hit
+
+
+# --- the torch path --------------------------------------------------------------------------------
+
+_torch: Any = None
+
+
+def bind(torch: Any) -> None:
+    global _torch
+    _torch = torch
+
+
+def select_torch(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float,
+                 scoring: str = "sigmoid") -> tuple[Any, Any]:
+    """The expert selection on fp32 router logits ``[M, N]``: ``(ids int64, weights fp32)`` ``[M, top_k]``.
+
+    The rules of transformers' ``DeepseekV3TopkRouter`` and SGLang's ``biased_grouped_topk`` /
+    ``grouped_topk``: scores = sigmoid(logits) (``scoring="softmax"``: softmax over N, the Qwen /
+    Mixtral / DeepSeek-V2 routers); choice = scores + bias; with groups, a group's score is the sum
+    of its top-2 choice values (softmax: its largest, DeepSeek-V2's rule); the ``topk_group`` best
+    groups stay; the ``top_k`` best choice values among their experts are picked (other groups'
+    experts are -inf, as SGLang: transformers fills 0.0, which differs only where a biased score is
+    <= 0); weights are the *unbiased* scores of the picked experts, divided by their sum + 1e-20 if
+    ``renormalize``, times ``scaling``. Ties go to the lower group and the lower expert index (stable
+    sorts), and ids come in descending order of choice value.
+    """
+    torch = _torch
+    m, n = logits.shape
+    scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
+    choice = scores if bias is None else scores + bias
+    if n_group > 1:
+        per = n // n_group
+        grouped = choice.view(m, n_group, per)
+        group_scores = grouped.amax(dim=-1) if scoring == "softmax" else grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+        mask = torch.zeros((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, True)
+        choice = choice.masked_fill(~mask.unsqueeze(-1).expand(m, n_group, per).reshape(m, n), float("-inf"))
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if scaling != 1.0:
+        weights = weights * scaling
     return ids, weights
 
 
-_INT64: Any = None
+def fallback(x: Any, w: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float,
+             scoring: str = "sigmoid") -> tuple[Any, Any]:
+    """The gate's torch fallback on 2-D operands: fp32 logits by ``torch.mm(out_dtype=float32)``, then :func:`select_torch`.
+
+    What the op runs off its kernel, what ``hwprofile sweep moe_gate`` times against it, and what
+    ``torch.compile`` traces (inductor fuses the selection); its identity is ``MOE_GATE.fallback``.
+    """
+    from ._fallbacks import mm_fp32
+
+    return select_torch(mm_fp32(x, w), bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
 
 
-def _ids_dtype() -> Any:
-    global _INT64
-    if _INT64 is None:
-        import torch
+# --- the eager entry -------------------------------------------------------------------------------
 
-        _INT64 = torch.int64  # the torch selection's (sort indices)
-    return _INT64
+
+def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_group: Any, scoring: Any) -> tuple[int, int]:
+    """moe_gate's arguments against its contract; returns (N, K). Errors name the argument."""
+    torch = _torch
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"moe_gate: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"moe_gate: {name} must be torch.bfloat16, got {t.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"moe_gate: weight must have 2 dimensions [N, K], got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if hidden.dim() < 1 or hidden.shape[-1] != k:
+        raise ValueError(f"moe_gate: hidden must be [..., K] with K={k} (from weight {tuple(weight.shape)}), got {tuple(hidden.shape)}")
+    if hidden.device != weight.device:
+        raise ValueError(f"moe_gate: weight is on {weight.device} but hidden is on {hidden.device}; put them on one device")
+    for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
+    if scoring not in MOE_GATE.scorings:
+        raise ValueError(f"moe_gate: scoring must be one of {', '.join(map(repr, MOE_GATE.scorings))}, got {scoring!r}")
+    if n % n_group:
+        raise ValueError(f"moe_gate: N={n} experts (weight rows) do not split into n_group={n_group} equal groups")
+    per = n // n_group
+    if n_group > 1 and per < 2 and scoring == "sigmoid":
+        raise ValueError(
+            f"moe_gate: a group's score sums its top-2 experts, so groups need >= 2 experts; got {per} (N={n}, n_group={n_group})"
+        )
+    if topk_group > n_group:
+        raise ValueError(f"moe_gate: topk_group={topk_group} > n_group={n_group}")
+    if top_k > topk_group * per:
+        raise ValueError(f"moe_gate: top_k={top_k} > the {topk_group * per} experts of topk_group={topk_group} groups of {per}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (n,):
+            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
+        if bias.device != weight.device:
+            raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
+        if bias.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
+            )
+    return int(n), int(k)
+
+
+def call(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
+         scoring: str) -> tuple[Any, Any]:
+    """``ops.moe_gate``'s entry: eager, compiled (:func:`_compiled`) or with gradients; returns ``[..., top_k]`` ids and weights."""
+    n, k = check(hidden, weight, bias, top_k, n_group, topk_group, scoring)
+    lead = hidden.shape[:-1]
+    if _dispatch._compiling():
+        ids, wts = _compiled(hidden, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
+    else:
+        x = hidden if hidden.dim() == 2 else hidden.reshape(-1, k)
+        ids, wts = eager(x, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
+    if len(lead) != 1:
+        ids, wts = ids.reshape(*lead, top_k), wts.reshape(*lead, top_k)
+    return ids, wts
+
+
+def eager(x: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
+          scoring: str) -> tuple[Any, Any]:
+    """A checked 2-D call, eagerly: the fused kernel where the route says so, else the torch path."""
+    m = x.shape[0]
+    if (x.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
+        from ._dispatch import ENTRIES
+
+        logits = ENTRIES["router_gemm"].custom(x, w)  # router_gemm's custom op: its backward
+        return select_torch(logits, bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
+    idx = x.get_device()
+    if idx < 0:
+        idx = _dispatch._cpu_index if x.is_cpu and (bias is None or bias.is_cpu) else -1
+    if idx >= 0:
+        key = (idx, m, n, k, n_group, topk_group, top_k)
+        hit = _memo.get(key)
+        t, gate, launch_plan = hit if hit is not None else _remember(idx, key)
+        r = _route_of(t)
+        if gate is None and not _misplaced(x, w, bias):
+            got = launch(t, launch_plan, x, w, bias, m, n, k, n_group, topk_group, top_k, renormalize, scaling, scoring)
+            if got is not None:
+                r.counts["kernel"] += 1
+                return got
+        r.counts["fallback"] += 1
+        if m == 0 or n == 0:
+            return x.new_empty((m, top_k), dtype=_torch.int64), x.new_empty((m, top_k), dtype=_torch.float32)
+        if (OP, idx, _kernel.thread_id()) not in _kernel.fallback_ready:
+            _kernel.first_fallback(OP, idx, f"M={m}, N={n}, K={k}")
+    elif m == 0:
+        return x.new_empty((m, top_k), dtype=_torch.int64), x.new_empty((m, top_k), dtype=_torch.float32)
+    return fallback(x, w, bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
+
+
+def _misplaced(x: Any, w: Any, bias: Any) -> bool:
+    return _dispatch._misplaced((x, w, bias)) or not (x.is_cuda or _dispatch._cpu_index >= 0)
+
+
+# --- compiled --------------------------------------------------------------------------------------
+
+_traced_route: Any = None  # _trace_route under torch.compiler.assume_constant_result, bound by define()
+_custom: Any = None  # torch.ops.hwprofile.moe_gate.default, bound by define()
+
+
+def _trace_route(idx: int, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int, contiguous: bool) -> bool:
+    """Whether the fused kernel takes this static-shape call (at trace time; ``idx`` -1: not a routed device)."""
+    if idx < 0 or not contiguous:
+        return False
+    gate, _, _ = route_gate(_dispatch.table(idx), m, n, k, n_group, topk_group, top_k)
+    if gate is not None and idx != _dispatch._cpu_index:
+        from ._fallbacks import probe_mm_out_dtype
+
+        probe_mm_out_dtype(idx)  # the traced fallback then reads a settled answer
+    return gate is None
+
+
+def _compiled(hidden: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_group: int, topk_group: int, renormalize: bool,
+              scaling: float, scoring: str) -> tuple[Any, Any]:
+    """The gate while ``torch.compile`` traces it: routed now where the shapes are static.
+
+    A kernel route is one custom op (``torch.ops.hwprofile.moe_gate``: one launch per step, nothing
+    of the selection in the graph); a fallback route the plain torch ops (inductor fuses the
+    selection); a dynamic shape the custom op, which routes at run time; a call that needs gradients
+    router_gemm's custom op (its backward) and the torch selection.
+    """
+    x = hidden.reshape(-1, k)
+    if (hidden.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
+        from ._dispatch import ENTRIES
+
+        return select_torch(ENTRIES["router_gemm"].custom(x, w), bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
+    if all(_dispatch._static(d) for d in (*hidden.shape, *w.shape)):
+        dev = hidden.device
+        idx = dev.index if dev.type == "cuda" else _dispatch._cpu_index if dev.type == "cpu" else -1
+        contiguous = hidden.is_contiguous() and w.is_contiguous() and (bias is None or bias.is_contiguous())
+        m = x.shape[0]
+        if not _traced_route(-1 if idx is None else idx, m, n, k, n_group, topk_group, top_k, contiguous):
+            if m == 0:
+                return x.new_empty((0, top_k), dtype=_torch.int64), x.new_empty((0, top_k), dtype=_torch.float32)
+            return fallback(x, w, bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
+    return _custom(x, w, bias, top_k, n_group, topk_group, renormalize, float(scaling), scoring)  # type: ignore[no-any-return]
+
+
+def define(torch: Any, lib: Any) -> None:
+    """Define ``torch.ops.hwprofile.moe_gate`` on ``lib`` (``_library.register``): its kernel is the eager entry, plus a fake."""
+    global _traced_route, _custom
+    bind(torch)
+    lib.define(
+        f"{OP}(Tensor hidden, Tensor weight, Tensor? bias, int top_k, int n_group, int topk_group, bool renormalize, "
+        "float routed_scaling_factor, str scoring) -> (Tensor, Tensor)"
+    )
+
+    def impl(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
+             scoring: str) -> tuple[Any, Any]:
+        n, k = check(x, w, bias, top_k, n_group, topk_group, scoring)
+        return eager(x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
+
+    def fake(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
+             scoring: str) -> tuple[Any, Any]:
+        check(x, w, bias, top_k, n_group, topk_group, scoring)
+        m = x.shape[0]
+        return x.new_empty((m, top_k), dtype=torch.int64), x.new_empty((m, top_k), dtype=torch.float32)
+
+    lib.impl(OP, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{lib.ns}::{OP}", fake, lib=lib)
+    _custom = getattr(getattr(torch.ops, lib.ns), OP).default
+    _traced_route = torch.compiler.assume_constant_result(_trace_route)
+
+
+# --- the kernel --------------------------------------------------------------------------------------
 
 
 def _fail(t: _dispatch._Table, why: str) -> None:
-    failed[t.index] = why
-    for key in [key for key in _loaded if key[0] == t.index]:
-        del _loaded[key]
-    warnings.warn(f"hwprofile: moe_gate selection kernel unavailable on cuda:{t.index}, using the torch selection: {why}",
-                  RuntimeWarning, stacklevel=5)  # _fail <- launch <- select <- ops.moe_gate <- the caller
+    with _lock:
+        failed[t.index] = why
+        for key in [key for key in _memo if key[0] == t.index]:
+            del _memo[key]
+        for loaded in [key for key in _loaded if key[0] == t.index]:
+            del _loaded[loaded]
+        got = _routes.get(t.index)
+        if got is not None:
+            got[1].off = "failed"
+    warnings.warn(f"hwprofile: the moe_gate kernel is unavailable on cuda:{t.index}, using the torch path from now on: {why}",
+                  RuntimeWarning, stacklevel=6)  # _fail <- launch <- eager <- call <- ops.moe_gate <- the caller
 
 
-def _kernel_for(t: _dispatch._Table, plan: Launch) -> Any:
-    """The loaded selection kernel (memoised per device); None inside a capture when it is not loaded yet."""
+def _counter(t: _dispatch._Table, device: Any, stream: int, capturing: bool) -> int | None:
+    """Address of the counter word this launch uses; None inside a capture before the device's workspace exists."""
+    ws = _workspace.get(t.index)
+    if ws is None:
+        if capturing:
+            return None
+        with _lock:
+            ws = _workspace.get(t.index)
+            if ws is None:
+                ws = _workspace[t.index] = _torch.zeros(COUNTER_SLOTS, dtype=_torch.int32, device=device)
+    if capturing:  # a slot of its own: graphs replayed on different streams never share a counter
+        with _lock:
+            slot = _captured_next.get(t.index, _STREAM_SLOTS)
+            _captured_next[t.index] = slot + 1 if slot + 1 < COUNTER_SLOTS else _STREAM_SLOTS
+        if slot + 1 >= COUNTER_SLOTS:
+            log.warning("moe_gate: more than %d launches captured on cuda:%d; their counters are reused from the first",
+                        COUNTER_SLOTS - _STREAM_SLOTS, t.index)
+    else:
+        slot = _stream_slot.get((t.index, stream), -1)
+        if slot < 0:
+            with _lock:
+                slot = _stream_slot.setdefault((t.index, stream), len(_stream_slot) % _STREAM_SLOTS)
+    return int(ws.data_ptr()) + 4 * slot
+
+
+def _kernel_for(t: _dispatch._Table, plan: Launch, capturing: bool) -> Any:
+    """The loaded fused kernel (memoised per device); None inside a capture when it is not loaded yet."""
     from .. import kernels
 
     key = (t.index, plan.name_expression)
@@ -136,13 +440,9 @@ def _kernel_for(t: _dispatch._Table, plan: Launch) -> Any:
     spec, target = t.prof.kernels[OP], t.prof.target
     if target is None:
         raise KernelError(f"moe_gate: the profile of device {t.index} has no NVRTC target")
-    if _kernel._capturing(t.index):
+    if capturing:
         kern = kernels.loaded(spec, target, plan, t.index, ARG_TYPES)
         if kern is None:
-            if t.index not in _warned_capture:
-                _warned_capture.add(t.index)
-                log.warning("moe_gate inside a CUDA-graph capture on cuda:%d: its selection kernel is not loaded, the capture "
-                            "records the torch selection; call moe_gate once before capturing", t.index)
             return None
     else:
         kern = kernels.load(spec, target, plan, t.index, ARG_TYPES, record=t.prof.stats.record)
@@ -150,27 +450,52 @@ def _kernel_for(t: _dispatch._Table, plan: Launch) -> Any:
     return kern
 
 
-def launch(t: _dispatch._Table, ids: Any, weights: Any, logits: Any, bias: Any, m: int, n: int, n_group: int, topk_group: int,
-           top_k: int, renormalize: bool, scaling: float) -> bool:
-    """Launch the selection kernel on checked operands; False (after one warning, the first time) if it cannot run here.
+def _not_ready(t: _dispatch._Table, m: int, n: int, k: int, what: str) -> None:
+    """Inside a capture, the kernel (or its workspace) is not ready: the fallback if that is safe, else NotWarmedError."""
+    fix = f"call hwprofile.ops.warmup(device={t.index}, shapes={{'moe_gate': [({m}, {n}, {k})]}}) before capturing"
+    if (OP, t.index, _kernel.thread_id()) not in _kernel.fallback_ready:
+        raise _kernel.NotWarmedError(
+            f"moe_gate (M={m}, N={n}, K={k}) was first called inside a CUDA-graph capture on cuda:{t.index}: {what}, and its "
+            f"fallback never ran on this device in this thread (cuBLAS); either would break the capture; {fix}"
+        )
+    if (t.index, m, n) not in _warned_capture:
+        _warned_capture.add((t.index, m, n))
+        log.warning("moe_gate (M=%d, N=%d, K=%d) inside a CUDA-graph capture on cuda:%d: %s, the capture records the torch path; %s",
+                    m, n, k, t.index, what, fix)
 
-    The test seam: CPU tests replace it with a fake that computes the selection in torch.
+
+def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int, n: int, k: int, n_group: int, topk_group: int,
+           top_k: int, renormalize: bool, scaling: float, scoring: str) -> tuple[Any, Any] | None:
+    """Launch the fused kernel on checked operands: ``(ids, weights)``, or None (the caller takes the torch path).
+
+    None after one warning, the first time, if the kernel cannot be built, loaded or launched here
+    (strict mode raises); None inside a capture when it is not ready and the fallback is. The test
+    seam: CPU tests replace it with a fake.
     """
     if t.index in failed and not t.strict:
-        return False
+        return None
     from .. import kernels
 
-    plan = t.prof.kernels[OP].configure(m=m, n=n, n_group=n_group, topk_group=topk_group, top_k=top_k)
+    capturing = _kernel._capturing(t.index)
     try:
-        kern = _kernel_for(t, plan)
-        if kern is None:
-            return False
-        kern.launch(plan, _kernel.raw_stream(t.index), (
-            ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), 0 if bias is None else bias.data_ptr(),
-            m, n, n_group, topk_group, top_k, int(bool(renormalize)), float(scaling),
+        kern = _kernel_for(t, plan, capturing)
+        stream = _kernel.raw_stream(t.index)
+        counter = None if kern is None else _counter(t, x.device, stream, capturing)
+        if kern is None or counter is None:
+            _not_ready(t, m, n, k, "its kernel is not loaded" if kern is None else "its counter workspace is not allocated")
+            return None
+        ids = x.new_empty((m, top_k), dtype=_torch.int64)
+        weights = x.new_empty((m, top_k), dtype=_torch.float32)
+        logits = x.new_empty((m, n), dtype=_torch.float32)
+        flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
+        kern.launch(plan, stream, (
+            ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), counter, x.data_ptr(), w.data_ptr(),
+            0 if bias is None else bias.data_ptr(), m, n, k, n_group, topk_group, top_k, flags, float(scaling),
         ))
-    except kernels.CompileForbiddenError as exc:
-        raise kernels.CompileForbiddenError(f"moe_gate (M={m}, N={n}) on cuda:{t.index}: {exc}") from None
+    except (kernels.CompileForbiddenError, _kernel.NotWarmedError) as exc:
+        if isinstance(exc, _kernel.NotWarmedError):
+            raise
+        raise kernels.CompileForbiddenError(f"moe_gate (M={m}, N={n}, K={k}) on cuda:{t.index}: {exc}") from None
     except Exception as exc:
         err = exc if isinstance(exc, KernelError) else KernelError(f"launching the moe_gate kernel: {type(exc).__name__}: {exc}")
         if t.strict:
@@ -178,6 +503,25 @@ def launch(t: _dispatch._Table, ids: Any, weights: Any, logits: Any, bias: Any, 
                 raise
             raise err from exc
         _fail(t, str(err))
-        return False
-    return True
+        return None
+    return ids, weights
 
+
+def warm(t: _dispatch._Table, device: Any, shapes: list[tuple[int, int, int]]) -> tuple[int, list[str]]:
+    """Load the fused kernel for every shape the route sends to it, allocate the workspace: (instances ready, failures)."""
+    ready, failures = 0, []
+    for m, n, k in shapes:
+        router = MOE_GATE.router_for(n, k)
+        gate, plan_, _ = route_gate(t, m, n, k, router.n_group, router.topk_group, router.top_k)
+        if gate is not None:
+            continue
+        try:
+            _kernel_for(t, plan_, False)
+            _counter(t, device, _kernel.raw_stream(t.index), False)
+            ready += 1
+        except KernelError as exc:
+            if t.strict:
+                raise
+            _fail(t, str(exc))
+            failures.append(f"moe_gate M={m} N={n} K={k}")
+    return ready, failures

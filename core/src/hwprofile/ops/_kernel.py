@@ -9,6 +9,7 @@ and tests; :func:`launch` is the test seam CPU tests replace with a fake launche
 from __future__ import annotations
 
 import ctypes
+import threading
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -47,10 +48,32 @@ class NotWarmedError(HwprofileError):
     """
 
 
-#: (device index, op) whose fallback ran once on that device (``hwprofile.ops.warmup``): its libraries
-#: (cuBLAS, cuBLASLt handles) exist, so the fallback is safe inside a capture
-fallback_ready: set[tuple[int, str]] = set()
+#: (op, device index, thread ident) whose fallback ran in that thread on that device, outside a capture
+#: (a first call, or ``hwprofile.ops.warmup``): its libraries (the cuBLAS / cuBLASLt handle torch keeps
+#: per device and thread, its workspace) exist, so the fallback is safe inside a capture. Never cleared
+#: by ``hwprofile.reset()``: the handles outlive it.
+fallback_ready: set[tuple[str, int, int]] = set()
 _warned_capture: set[tuple[str, int, int, int]] = set()
+thread_id = threading.get_ident
+
+
+def first_fallback(op: str, index: int, shape: str) -> None:
+    """Before ``op``'s fallback first runs on device ``index`` in this thread: mark it ready, or, inside a
+    CUDA-graph capture, raise :class:`NotWarmedError` before anything reaches the stream.
+
+    torch creates the cuBLAS / cuBLASLt handle (and its workspace) of a device and thread on its first
+    GEMM; created inside a capture it invalidates the capture ("operation failed due to a previous error
+    during capture"), which then cannot be recovered. The ops call this only while the key is absent
+    from :data:`fallback_ready`, so a warm call pays one set lookup.
+    """
+    if _capturing(index):
+        raise NotWarmedError(
+            f"{op} ({shape}) was first called inside a CUDA-graph capture on cuda:{index}, on its torch fallback, which never ran "
+            f"on this device in this thread: its first cuBLAS call would break the capture; call hwprofile.ops.warmup(device={index}, "
+            f"shapes={{{op!r}: [({shape.replace('M=', '').replace('N=', '').replace('K=', '')})]}}) (or call the op once) in the "
+            "capturing thread before capturing"
+        )
+    fallback_ready.add((op, index, thread_id()))
 
 
 def _capturing(index: int) -> bool:
@@ -110,10 +133,10 @@ def _not_ready_in_capture(t: _Table, op: str, m: int, n: int, k: int, shape: str
     fix = (
         f"call hwprofile.ops.warmup(device={t.index}, shapes={{{op!r}: [({m}, {n}, {k})]}}) (or with models=[...]) before capturing"
     )
-    if (t.index, op) not in fallback_ready:
+    if (op, t.index, thread_id()) not in fallback_ready:
         raise NotWarmedError(
             f"{op} ({shape}) was first called inside a CUDA-graph capture on cuda:{t.index}: its kernel is not loaded and its "
-            f"fallback was never initialised on this device (cuBLAS), and either would break the capture; {fix}"
+            f"fallback was never initialised on this device in this thread (cuBLAS), and either would break the capture; {fix}"
         )
     if (op, m, n, k) not in _warned_capture:
         _warned_capture.add((op, m, n, k))

@@ -1,6 +1,7 @@
 """``torch.ops.hwprofile.<op>``: the custom-op definitions and fake implementations. Imports torch only in :func:`register`.
 
-Each op of the table becomes one custom op whose schema takes the op table's argument names. Its
+Each GEMM op of the table becomes one custom op whose schema takes the op table's argument names;
+the gate op ``moe_gate`` one of its own (``_gate.define``: two outputs, the selection's arguments). Its
 implementation is the op's eager entry (:func:`hwprofile.ops._dispatch.call`), which is what a
 compiled graph calls at run time; its fake checks the contract and returns an empty result of the
 right shape and dtype, so ``torch.compile(fullgraph=True)`` traces the op without running it.
@@ -19,7 +20,7 @@ import threading
 from typing import Any
 
 from .. import _state
-from . import _dispatch, _fallbacks
+from . import _dispatch, _fallbacks, _gate
 from ._dispatch import _Entry
 
 _registered = threading.Event()  # register() has run to its end
@@ -53,6 +54,7 @@ def register() -> None:
         lib = library("hwprofile", "FRAGMENT")
         for e in _dispatch.ENTRIES.values():
             define(torch, lib, e)
+        _gate.define(torch, lib)  # the gate kind (optable.GATES): its own schema, two outputs
         _library = lib
         _registered.set()
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._log import get_logger
 from ..errors import HwprofileError
-from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
+from ..optable import GATES, NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE
 
 if TYPE_CHECKING:
     from ..kernels.spec import Launch
@@ -73,8 +73,8 @@ def shapes_of(shapes: Mapping[str, Iterable[Shape]] | None = None, models: Itera
     """
     out: dict[str, list[Shape]] = {}
     for op, items in (shapes or {}).items():
-        if op not in OPS:
-            raise ValueError(f"warmup: no op {op!r}; known ops: {', '.join(OPS)}")
+        if op not in TABLE:
+            raise ValueError(f"warmup: no op {op!r}; known ops: {', '.join(TABLE)}")
         for s in items:
             ok = isinstance(s, tuple | list) and len(s) == 3
             if not (ok and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in s)):
@@ -87,6 +87,8 @@ def shapes_of(shapes: Mapping[str, Iterable[Shape]] | None = None, models: Itera
         chosen = catalog.select(catalog.load(), names)
         for op in OPS:
             out.setdefault(op, []).extend(catalog.shapes(op, chosen))
+        for gate in GATES:  # a gate's GEMM is the router GEMM: the models' router shapes
+            out.setdefault(gate, []).extend(catalog.shapes("router_gemm", chosen))
     if not out:
         raise ValueError("warmup: give the shapes to warm (shapes={op: [(M, N, K), ...]}) or served models (models=[name, ...])")
     return {op: list(dict.fromkeys(v)) for op, v in out.items() if v}
@@ -98,8 +100,8 @@ def parse_shapes(text: str) -> dict[str, list[Shape]]:
     for part in filter(None, (p.strip() for p in text.split(";"))):
         op, sep, rest = part.partition(":")
         op = op.strip()
-        if not sep or op not in OPS:
-            raise ValueError(f"--warm {part!r}: write OP:MxNxK[,MxNxK...] with OP one of {', '.join(OPS)}, several ops separated by ';'")
+        if not sep or op not in TABLE:
+            raise ValueError(f"--warm {part!r}: write OP:MxNxK[,MxNxK...] with OP one of {', '.join(TABLE)}, several ops separated by ';'")
         for item in filter(None, (x.strip() for x in rest.split(","))):
             dims = item.lower().split("x")
             if len(dims) != 3 or not all(d.strip().isdigit() for d in dims):
@@ -120,6 +122,15 @@ def plan(prof: Profile, shapes: Mapping[str, Iterable[Shape]], split_k: bool) ->
     from ._dispatch import decide
 
     out: list[Planned] = []
+    for gate in GATES:  # the gate kind: routed and planned with its served router's selection (optable.GateDef.router_for)
+        from ._dispatch import _Table
+        from ._gate import route_gate
+
+        t = _Table(prof)
+        for m, n, k in shapes.get(gate, ()):
+            r = GATES[gate].router_for(n, k)
+            g, launch, why = route_gate(t, m, n, k, r.n_group, r.topk_group, r.top_k)
+            out.append(Planned(gate, (m, n, k), NO_SCALE, "kernel" if g is None else "fallback", why, launch))
     for op in OPS:
         for m, n, k in shapes.get(op, ()):
             d = decide(op, prof, m=m, n=n, k=k)
@@ -147,8 +158,10 @@ def warmup(
     A kernel that fails to build or load warns once and its op falls back, as on a first call
     (``HWPROFILE_STRICT=1`` raises). Calling it inside a capture is an error.
     """
+    import torch
+
     from ..profiles import profile
-    from . import _dispatch, _kernel, _library
+    from . import _dispatch, _gate, _kernel, _library
 
     if not _library.registered():
         _library.register()  # binds torch into the fallbacks
@@ -161,7 +174,7 @@ def warmup(
     report = WarmupReport(idx)
     report.planned = plan(t.prof, wanted, t.split_k)
     for p in report.planned:
-        if p.path != "kernel":
+        if p.path != "kernel" or p.op in GATES:  # a gate's kernel is warmed by _gate.warm below
             continue
         key = (p.op, *p.shape, p.mode, t.split_k)
         if key in t.launches:
@@ -172,11 +185,21 @@ def warmup(
             report.failed.append(f"{p.op} M={p.shape[0]} N={p.shape[1]} K={p.shape[2]}")
         else:
             report.loaded += 1
+    dev = torch.device("cpu") if idx == _dispatch._cpu_index else torch.device("cuda", idx)
+    for op in GATES:  # the gate kind: its fused kernel and counter workspace, its torch path
+        if op in wanted:
+            ready, failed = _gate.warm(t, dev, wanted[op])
+            report.loaded += ready
+            report.failed += failed
+            if fallbacks:
+                _warm_gate_fallback(dev, wanted[op])
+                _kernel.fallback_ready.add((op, idx, _kernel.thread_id()))
+                report.fallbacks.append(op)
     if fallbacks:
         for op in OPS:
             if op in wanted:
                 _warm_fallback(idx, op, wanted[op])
-                _kernel.fallback_ready.add((idx, op))
+                _kernel.fallback_ready.add((op, idx, _kernel.thread_id()))
                 report.fallbacks.append(op)
     report.seconds = time.perf_counter() - t0
     report.kernels = t.prof.stats.kernel_counts()
@@ -208,5 +231,27 @@ def _warm_fallback(idx: int, op: str, shapes: Iterable[Shape]) -> None:
                 fn(x, w, scale)
         else:
             fn(x, w)
+    if dev.type == "cuda":
+        torch.cuda.current_stream(dev).synchronize()
+
+
+def _warm_gate_fallback(dev: Any, shapes: Iterable[Shape]) -> None:
+    """Run the gate's torch path once per distinct M: its cuBLAS GEMM and the selection's kernels exist afterwards."""
+    import torch
+
+    from ..optable import MOE_GATE
+    from ._gate import fallback
+
+    seen: set[int] = set()
+    for m, n, k in shapes:
+        if m in seen or not (m and n and k):
+            continue
+        seen.add(m)
+        r = MOE_GATE.router_for(n, k)
+        x = torch.zeros((m, k), dtype=torch.bfloat16, device=dev)
+        w = torch.zeros((n, k), dtype=torch.bfloat16, device=dev)
+        b = torch.zeros(n, dtype=torch.float32, device=dev)
+        for scoring in MOE_GATE.scorings:
+            fallback(x, w, b, r.n_group, r.topk_group, r.top_k, r.renormalize, r.scaling, scoring)
     if dev.type == "cuda":
         torch.cuda.current_stream(dev).synchronize()

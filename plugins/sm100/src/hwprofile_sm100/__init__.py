@@ -9,7 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, hookimpl, kernel_specs, unmeasured_settings
+from hwprofile.plugin import (
+    ArchSpec,
+    ArchTuning,
+    DeviceInfo,
+    EnvDefault,
+    KernelSpec,
+    gate_kernel_spec,
+    hookimpl,
+    kernel_specs,
+    unmeasured_settings,
+)
 
 NAME = "sm100"
 # B200 and B300 have 148 SMs, GB300 152: plans take the device's own count (kernel_specs(device=)), this
@@ -49,5 +59,7 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
-    """The shared skinny-GEMM family for sm_100a / sm_103a, planned for this device's SM count and shared memory."""
-    return kernel_specs(__name__, "kernels/sm100_gemv.cu", TUNING, device=device)
+    """The shared skinny-GEMM family (and ``ops.moe_gate``'s fused gate on it) for sm_100a / sm_103a,
+    planned for this device's SM count and shared memory."""
+    source = "kernels/sm100_gemv.cu"
+    return [*kernel_specs(__name__, source, TUNING, device=device), gate_kernel_spec(__name__, source, TUNING, device)]

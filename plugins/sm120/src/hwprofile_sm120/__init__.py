@@ -10,7 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hwprofile.plugin import ArchSpec, ArchTuning, DeviceInfo, EnvDefault, KernelSpec, hookimpl, kernel_specs, unmeasured_settings
+from hwprofile.plugin import (
+    ArchSpec,
+    ArchTuning,
+    DeviceInfo,
+    EnvDefault,
+    KernelSpec,
+    gate_kernel_spec,
+    hookimpl,
+    kernel_specs,
+    unmeasured_settings,
+)
 
 NAME = "sm120"
 _SMEM = 99 * 1024  # opt-in shared memory per block on SM12x
@@ -56,6 +66,8 @@ def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> d
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
-    """The shared skinny-GEMM family for sm_120a / sm_121a, planned for this device's SM count and shared memory."""
+    """The shared skinny-GEMM family (and ``ops.moe_gate``'s fused gate on it) for sm_120a / sm_121a,
+    planned for this device's SM count and shared memory."""
     tuning = _TUNING.get(device.compute_capability, _TUNING[(12, 0)])
-    return kernel_specs(__name__, "kernels/sm120_gemv.cu", tuning, device=device)
+    source = "kernels/sm120_gemv.cu"
+    return [*kernel_specs(__name__, source, tuning, device=device), gate_kernel_spec(__name__, source, tuning, device)]

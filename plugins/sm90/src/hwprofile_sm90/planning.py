@@ -64,6 +64,14 @@ def _b(v: bool) -> str:
 def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COUNT) -> Launch:
     """fp32-output skinny GEMM (router GEMM, linear_bf16_fp32), 1 <= M <= 16, any N, K a multiple of 8."""
     check_kernel_shape(m=m, n=n, k=k, vec=8, max_m=16, what="sm90 router kernel")
+    mt, warps, nt, ksplit, unroll, pf, minb, groups = router_tiles(m=m, n=n, k=k, split_k=split_k, sm_count=sm_count)
+    expr = f"hwp90_router<{mt}, {warps}, {nt}, {ksplit}, {unroll}, {_b(pf)}, true, {minb}>"
+    return Launch(expr, (groups, ksplit, 1), (warps * 32, 1, 1), shared_bytes=0, pdl=True)
+
+
+def router_tiles(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COUNT) -> tuple[int, int, int, int, int, bool, int, int]:
+    """``hwp90::router``'s tiling for a checked shape: (MT, WARPS, NT, KSPLIT, U, PF, MINB, groups); the fused gate
+    (:mod:`hwprofile_sm90.moe_gate`) runs the same GEMM, so it plans with this too."""
     mt = 1 if m <= 8 else 2
     chunks = -(-k // 32)
 
@@ -89,8 +97,7 @@ def plan_router(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_COU
     # 60 MB L2: at N = 4096 (59 MB) the next call's prefetch evicted lines the running call had yet
     # to read (linear 20.0-20.5 us against 17.4 without it), as in every GEMV variant with prefetch.
     pf = n * k * 2 <= PREFETCH_MAX_BYTES
-    expr = f"hwp90_router<{mt}, {warps}, {nt}, {ksplit}, {unroll}, {_b(pf)}, true, {minb}>"
-    return Launch(expr, (groups, ksplit, 1), (warps * 32, 1, 1), shared_bytes=0, pdl=True)
+    return mt, warps, nt, ksplit, unroll, pf, minb, groups
 
 
 def plan_gemv(

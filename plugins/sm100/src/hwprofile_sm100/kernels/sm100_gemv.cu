@@ -18,6 +18,7 @@
 #error "hwprofile-sm100 kernels are built for sm_100a / sm_103a only"
 #endif
 #include <hwprofile/skinny_entry.cuh>
+#include <hwprofile/moe_gate.cuh>
 
 namespace hwp100 {
 // Compute capability 10.0 / 10.3 limits (CUDA C++ Programming Guide, technical specifications).
@@ -30,3 +31,4 @@ struct Limits {
 }  // namespace hwp100
 
 HWP_SKINNY_GEMM_ENTRY_POINTS(hwp100, hwp100::Limits)
+HWP_MOE_GATE_ENTRY_POINT(hwp100, hwp100::Limits)  // ops.moe_gate: the family's GEMM + the selection, one launch

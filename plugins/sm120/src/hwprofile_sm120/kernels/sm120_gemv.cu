@@ -20,6 +20,7 @@
 #error "hwprofile-sm120 kernels are built for sm_120a / sm_121a only"
 #endif
 #include <hwprofile/skinny_entry.cuh>
+#include <hwprofile/moe_gate.cuh>
 
 namespace hwp120 {
 // Compute capability 12.0 / 12.1 limits (CUDA C++ Programming Guide, technical specifications).
@@ -32,3 +33,4 @@ struct Limits {
 }  // namespace hwp120
 
 HWP_SKINNY_GEMM_ENTRY_POINTS(hwp120, hwp120::Limits)
+HWP_MOE_GATE_ENTRY_POINT(hwp120, hwp120::Limits)  // ops.moe_gate: the family's GEMM + the selection, one launch
