@@ -1,10 +1,11 @@
 """The sm90 plugin's measured thresholds: each carries the stamp of its sweep, shipped as package data, and it holds.
 
-``hwprofile_sm90/measured/OP.toml`` is the head (``[stamp]``, ``[thresholds]``, ``[sweep]`` notes) of the sweep
-file ``hwprofile sweep OP`` wrote on the lent H200 (benchmarks/h200/2026-11-30-sweeps-3 for router_gemm,
-linear_bf16_fp32 and gemv; -sweeps-4 for fp8_gemv, re-swept against the chunked fallback), with one documented
-change: the kernel digest. The plugin reads its stamps from there (``shipped_stamp``), so the fallback a value
-records is the one its sweep measured, and a changed fallback in hwprofile makes the value stale at run time.
+``hwprofile_sm90/measured/OP.toml`` holds the ``[stamp]`` and the per-shape table (``OP.measured``) that
+``hwprofile sweep OP`` wrote on the lent H200 (the catalog run benchmarks/h200/2026-12-02-catalog-2/tuned), and the
+cost model (``OP.model``) fitted from that run's samples (benchmarks/ship_sm90.py). The plugin reads its stamps from
+there (``shipped_stamp``), so the fallback a value records is the one its sweep measured, and a changed fallback in
+hwprofile makes the value stale at run time. An op whose fallback changed after the sweep ships no table until it is
+re-swept: ``hwprofile_sm90.PREDICTED`` names it, and its model is the bandwidth rule.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ import pytest
 
 import hwprofile
 import hwprofile_sm90
+from hwprofile import costmodel, tuning
 from hwprofile.plugin import OPS, Stamp, Value, profile_for, shipped_stamp, simulated_device
 
 ROOT = Path(__file__).resolve().parents[3]
 MEASURED = Path(hwprofile_sm90.__file__).parent / "measured"
 SHIPPED = sorted(p.stem for p in MEASURED.glob("*.toml"))
-#: the one documented difference: the sweeps ran the source with the never-dispatched hwp90_gemv_bulk in it; the
-#: shipped copies record the source without it, whose dispatched code was proven byte-identical (hwprofile_sm90 says how)
-SWEPT_KERNEL = "49c753f4f64ace9faa49ac065430a40407a4ba6e93a1e61a1bfe8167a7782d18"
-SHIPPED_KERNEL = "076d38e963e57221f44eea98f5eba96efb3528670d54e2279b35d8e6921888f0"
+RAW = "benchmarks/h200/2026-12-02-catalog-2/tuned"
 H200 = simulated_device((9, 0), "NVIDIA H200")
 
 
@@ -46,39 +45,54 @@ def arch_layer(prof: Any, key: str) -> Any:
 
 
 def raw_sweep(op: str) -> str:
-    """The raw sweep a shipped file names (its header comment), checked against the sweeps behind the shipped values."""
-    found = re.search(r"^# Raw sweep \(hwprofile repository, every measurement\): (\S+)$", (MEASURED / f"{op}.toml").read_text(), re.M)
+    """The raw sweep a shipped file names (its header comment): the catalog run's tuned file, beside its samples."""
+    found = re.search(r"^# Raw sweep \(hwprofile repository, every measurement\): (\S+) and (\S+)$", (MEASURED / f"{op}.toml").read_text(), re.M)
     assert found, f"measured/{op}.toml does not name its raw sweep"
-    # fp8_gemv was re-swept against the chunked, fp32-accumulating fallback (-sweeps-4); the others are -sweeps-3's
-    assert found.group(1) == f"benchmarks/h200/2026-11-30-sweeps-{4 if op == 'fp8_gemv' else 3}/{op}.toml"
+    assert found.group(1) == f"{RAW}/{op}.toml" and found.group(2) == f"samples/{op}.toml"
     return found.group(1)
 
 
-def test_one_shipped_file_per_op_with_a_kernel_and_it_ships() -> None:
+def test_every_op_with_a_kernel_ships_its_sweep_or_says_it_is_predicted() -> None:
     ops_with_kernels = sorted(op for op in profile_for(H200).kernels if op in OPS)
-    assert SHIPPED == ops_with_kernels == sorted({v.stamp.op for v in stamped().values() if v.stamp is not None})
+    assert not set(SHIPPED) & set(hwprofile_sm90.PREDICTED), "an op is either measured against today's fallback or predicted"
+    assert sorted([*SHIPPED, *hwprofile_sm90.PREDICTED]) == ops_with_kernels
+    assert SHIPPED == sorted({v.stamp.op for v in stamped().values() if v.stamp is not None})
     pyproject = tomllib.loads((ROOT / "plugins" / "sm90" / "pyproject.toml").read_text())
     assert "measured/*.toml" in pyproject["tool"]["setuptools"]["package-data"]["hwprofile_sm90"]
 
 
+@pytest.mark.parametrize("op", sorted(hwprofile_sm90.PREDICTED))
+def test_an_op_swept_against_an_old_fallback_is_predicted_not_stale(op: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Its sweep recorded a fallback the op table no longer names: shipping it would warn at every start."""
+    raw = tomllib.loads((ROOT / RAW / f"{op}.toml").read_text())
+    assert raw["stamp"]["fallback"]["function"] != OPS[op].fallback, f"{op}'s sweep measured today's fallback: ship it"
+    caplog.set_level(logging.WARNING)
+    prof = profile_for(H200)
+    layer = arch_layer(prof, costmodel.model_key(op))
+    assert layer.stamp is None and "not measured on an H200 against today's" in layer.reason
+    assert prof[tuning.measured_key(op)] == "", "no per-shape table: nothing measured against this fallback"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "stale" in r.getMessage()]
+
+
 @pytest.mark.parametrize("op", SHIPPED)
-def test_shipped_file_is_its_raw_sweep_but_the_documented_kernel_digest(op: str) -> None:
+def test_shipped_file_is_its_raw_sweep_with_the_model_fitted_from_its_samples(op: str) -> None:
     raw = tomllib.loads((ROOT / raw_sweep(op)).read_text())
-    text = (MEASURED / f"{op}.toml").read_text()
-    ours = tomllib.loads(text)
-    assert set(ours) == {"stamp", "thresholds", "sweep"}, "the head only: no [[measurements]]"
-    assert raw["stamp"]["kernel"] == SWEPT_KERNEL and ours["stamp"]["kernel"] == SHIPPED_KERNEL
-    assert ours["stamp"] == {**raw["stamp"], "kernel": SHIPPED_KERNEL}  # fallback, libraries, device, plugin, date as swept
-    assert ours["thresholds"] == raw["thresholds"]
-    assert ours["sweep"] == {k: v for k, v in raw["sweep"].items() if k != "samples"}
-    assert f"recorded kernel {SWEPT_KERNEL[:12]}" in text, "the file says why its digest differs from the sweep's"
+    ours = tomllib.loads((MEASURED / f"{op}.toml").read_text())
+    assert set(ours) == {"stamp", "thresholds"}, "the stamp and the decisions only: no [[measurements]]"
+    assert ours["stamp"] == raw["stamp"], "fallback, libraries, device, plugin, kernel, plan and date as swept"
+    mkey, model = tuning.measured_key(op), costmodel.model_key(op)
+    assert set(ours["thresholds"]) == {mkey, model}, "the kernel's limits are the op table's, not a sweep's"
+    assert ours["thresholds"][mkey] == raw["thresholds"][mkey]
+    rows = tomllib.loads((ROOT / RAW / tuning.SAMPLES_DIR / f"{op}.toml").read_text())["measurements"]
+    samples = [costmodel.Sample(r["m"], r["n"], r["k"], r["kernel_us"] if r["kernel_us"] > 0 else None, r["fallback_us"]) for r in rows]
+    assert ours["thresholds"][model] == costmodel.format_model(costmodel.fit(op, samples)), "benchmarks/ship_sm90.py refits it"
 
 
 def test_every_stamped_value_carries_the_stamp_of_its_shipped_file() -> None:
     for key, v in stamped().items():
         op = key.split(".")[0]
         assert v.stamp is shipped_stamp("hwprofile_sm90", f"measured/{op}.toml", op=op), key
-        assert isinstance(v.stamp, Stamp) and key in OPS[op].bound_keys(), f"{key}: a stamp covers the bounds of the op's kernel region"
+        assert isinstance(v.stamp, Stamp) and key in (tuning.measured_key(op), costmodel.model_key(op)), f"{key}: a sweep decides"
 
 
 @pytest.mark.parametrize("op", SHIPPED)
@@ -109,6 +123,7 @@ def test_a_changed_fallback_makes_the_shipped_values_stale_at_run_time(
     """The design's first case: an installed hwprofile-sm90 runs beside a newer core whose gemv fallback changed.
     The stamps were read from the sweep files, not from the op table, so the gemv values say so; the others do not."""
     swept = tomllib.loads((MEASURED / "gemv.toml").read_text())["stamp"]["fallback"]["function"]
+    shipped_table = shipped()["gemv.measured"].value
     assert swept == OPS["gemv"].fallback == "torch.nn.functional.linear"
     before = shipped_stamp("hwprofile_sm90", "measured/gemv.toml")
     monkeypatch.setattr(OPS["gemv"], "fallback", "a newer gemv fallback")
@@ -118,24 +133,24 @@ def test_a_changed_fallback_makes_the_shipped_values_stale_at_run_time(
     after = shipped_stamp("hwprofile_sm90", "measured/gemv.toml")
     assert after is not before and after == before and after.fallback["function"] == swept
     gemv_keys = sorted(k for k, v in stamped().items() if v.stamp is not None and v.stamp.op == "gemv")
-    assert gemv_keys == ["gemv.cublas_roof_n_max", "gemv.cublas_roof_n_min", "gemv.max_k", "gemv.max_n"]
+    assert gemv_keys == ["gemv.measured", "gemv.model"]
     for key in gemv_keys:
         layer = arch_layer(prof, key)
         assert layer.stamp.fallback["function"] == "torch.nn.functional.linear"
         assert "fallback function changed (torch.nn.functional.linear -> a newer gemv fallback)" in layer.stale, key
-    assert prof["gemv.max_n"] == 4096  # a stale shipped value still applies, and is reported
+    assert prof["gemv.measured"] == shipped_table  # a stale shipped value still applies, and is reported
     others = [k for k, v in stamped().items() if v.stamp is not None and v.stamp.op != "gemv" and arch_layer(prof, k).stale]
     assert not others, f"only gemv's fallback changed: {others}"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("4 threshold(s) shipped by sm90 0.1.0 are stale" in w and "ops: gemv" in w for w in warnings), warnings
-    with pytest.raises(hwprofile.SettingError, match=r"stale keys: gemv\.max_n"):
+    assert any("2 threshold(s) shipped by sm90 0.1.0 are stale" in w and "ops: gemv" in w for w in warnings), warnings
+    with pytest.raises(hwprofile.SettingError, match=r"stale keys: gemv\.measured"):
         profile_for(H200, {"HWPROFILE_STRICT": "1"})
 
 
 CORE_FIRST = """
 import hwprofile.plugin as api
 api.OPS["gemv"].fallback = "a newer gemv fallback"  # the newer core, loaded before the installed plugin
-st = api.profile_for(api.simulated_device((9, 0), "NVIDIA H200")).explain("gemv.max_n").chain[1]
+st = api.profile_for(api.simulated_device((9, 0), "NVIDIA H200")).explain("gemv.measured").chain[1]
 print(st.kind, st.stale)
 """
 
