@@ -24,10 +24,20 @@ class FakeTimer:
         return Point(m, n, k, [kern] * 5, [7.0] * 5, [kern, kern], [7.0, 7.0])
 
 
+#: The FakeTimer the stale files' values were "measured" with: a crossover no tune test uses, so their values differ.
+STALE_WINS_TO = 3
+
+
 def stale_tuned_file(prof: Any, op: str = "router_gemm", name: str | None = None, directory: Path | None = None,
                      **changes: Any) -> Path:
-    """A tuned file for ``op`` stamped against what runs for ``prof``, except ``changes`` (default: another fallback function)."""
+    """A tuned file for ``op`` stamped against what runs for ``prof``, except ``changes`` (default: another fallback function).
+
+    Its values are what a sweep of the op table's grid writes (``<op>.model`` and ``<op>.measured``) with a
+    ``FakeTimer(wins_to=STALE_WINS_TO)``: what :func:`hwprofile.retune.findings` weighs, unlike the kernel's limits.
+    """
     import tomli_w
+
+    from hwprofile import sweep
 
     spec = prof.kernels[op]
     st = tuning.current(op, prof.device, prof.plugin.name, prof.plugin.version or "", spec.source_digest(), "2026-11-30",
@@ -42,6 +52,7 @@ def stale_tuned_file(prof: Any, op: str = "router_gemm", name: str | None = None
     d = directory if directory is not None else tuning.tuned_dir(prof.device, __import__("os").environ)
     d.mkdir(parents=True, exist_ok=True)
     p = d / (name or f"{op}.toml")
-    key = f"{op}.max_tokens" if f"{op}.max_tokens" in prof.settings else f"{op}.max_n"
-    p.write_text(tomli_w.dumps({"stamp": st, "thresholds": {key: 3}}))
+    thresholds = sweep.run(prof, op, sweep.box_grid(op), FakeTimer(wins_to=STALE_WINS_TO))["thresholds"]
+    assert set(thresholds) == {f"{op}.model", tuning.measured_key(op)}, thresholds  # what findings() weighs
+    p.write_text(tomli_w.dumps({"stamp": st, "thresholds": thresholds}))
     return p
