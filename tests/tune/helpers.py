@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import hwprofile_sm90
+
 from hwprofile import tuning
+from hwprofile.optable import OPS
 from hwprofile.sweep import Point
 
 
@@ -22,6 +25,18 @@ class FakeTimer:
             raise RuntimeError(f"fake kernel failure at {op} M={m} N={n} K={k}")
         kern = 4.0 if m <= self.wins_to else 9.0
         return Point(m, n, k, [kern] * 5, [7.0] * 5, [kern, kern], [7.0, 7.0])
+
+
+#: The ops sm90 ships predicted (the bandwidth rule, no sweep): unmeasured on an H200, so tune measures them by default.
+PREDICTED = sorted(hwprofile_sm90.PREDICTED)
+#: The ops sm90 ships swept on an H200 (fresh on one), in the op table's order.
+SWEPT = [op for op in OPS if op not in hwprofile_sm90.PREDICTED]
+
+
+def shipped(key: str) -> Any:
+    """``key`` as sm90 ships it in ``measured/OP.toml`` (what applies on an H200 while no tuned file does)."""
+    _, thresholds = tuning.read_tuned(Path(hwprofile_sm90.__file__).parent / "measured" / f"{key.split('.')[0]}.toml")
+    return thresholds[key]
 
 
 #: The FakeTimer the stale files' values were "measured" with: a crossover no tune test uses, so their values differ.
