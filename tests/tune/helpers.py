@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import hwprofile_sm90
-
 from hwprofile import tuning
 from hwprofile.optable import OPS
 from hwprofile.sweep import Point
