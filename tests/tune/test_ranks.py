@@ -56,7 +56,7 @@ def _split_and_agreed(res: list[dict[str, Any]], wins_to: int) -> None:
     assert calls[0] | calls[1] == set(points) and res[0]["points"] == len(points)  # together: those grids, once
     prof = hwprofile.profile(0)  # a simulated H200 here too (conftest): the same plan, the same split
     assert [set(s) for s in retune.split(points, WORLD, retune.bandwidth(prof.device))] == calls  # balanced by estimated cost
-    want = {}
+    want: dict[str, Any] = {}
     for op in OPS:
         if op in needed:
             want.update(sweep.run(prof, op, sweep.default_grid(op), FakeTimer(wins_to=wins_to), box=sweep.box_grid(op))["thresholds"])
