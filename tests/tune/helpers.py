@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import hwprofile_sm90
 from hwprofile import tuning
+from hwprofile.optable import OPS
 from hwprofile.sweep import Point
 
 
@@ -24,10 +26,32 @@ class FakeTimer:
         return Point(m, n, k, [kern] * 5, [7.0] * 5, [kern, kern], [7.0, 7.0])
 
 
+#: The ops sm90 ships predicted (the bandwidth rule, no sweep): unmeasured on an H200, so tune measures them by default.
+PREDICTED = sorted(hwprofile_sm90.PREDICTED)
+#: The ops sm90 ships swept on an H200 (fresh on one), in the op table's order.
+SWEPT = [op for op in OPS if op not in hwprofile_sm90.PREDICTED]
+
+
+def shipped(key: str) -> Any:
+    """``key`` as sm90 ships it in ``measured/OP.toml`` (what applies on an H200 while no tuned file does)."""
+    _, thresholds = tuning.read_tuned(Path(hwprofile_sm90.__file__).parent / "measured" / f"{key.split('.')[0]}.toml")
+    return thresholds[key]
+
+
+#: The FakeTimer the stale files' values were "measured" with: a crossover no tune test uses, so their values differ.
+STALE_WINS_TO = 3
+
+
 def stale_tuned_file(prof: Any, op: str = "router_gemm", name: str | None = None, directory: Path | None = None,
                      **changes: Any) -> Path:
-    """A tuned file for ``op`` stamped against what runs for ``prof``, except ``changes`` (default: another fallback function)."""
+    """A tuned file for ``op`` stamped against what runs for ``prof``, except ``changes`` (default: another fallback function).
+
+    Its values are what a sweep of the op table's grid writes (``<op>.model`` and ``<op>.measured``) with a
+    ``FakeTimer(wins_to=STALE_WINS_TO)``: what :func:`hwprofile.retune.findings` weighs, unlike the kernel's limits.
+    """
     import tomli_w
+
+    from hwprofile import sweep
 
     spec = prof.kernels[op]
     st = tuning.current(op, prof.device, prof.plugin.name, prof.plugin.version or "", spec.source_digest(), "2026-11-30",
@@ -42,6 +66,7 @@ def stale_tuned_file(prof: Any, op: str = "router_gemm", name: str | None = None
     d = directory if directory is not None else tuning.tuned_dir(prof.device, __import__("os").environ)
     d.mkdir(parents=True, exist_ok=True)
     p = d / (name or f"{op}.toml")
-    key = f"{op}.max_tokens" if f"{op}.max_tokens" in prof.settings else f"{op}.max_n"
-    p.write_text(tomli_w.dumps({"stamp": st, "thresholds": {key: 3}}))
+    thresholds = sweep.run(prof, op, sweep.box_grid(op), FakeTimer(wins_to=STALE_WINS_TO))["thresholds"]
+    assert set(thresholds) == {f"{op}.model", tuning.measured_key(op)}, thresholds  # what findings() weighs
+    p.write_text(tomli_w.dumps({"stamp": st, "thresholds": thresholds}))
     return p

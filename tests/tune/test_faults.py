@@ -17,7 +17,7 @@ import hwprofile
 from hwprofile import _files, retune, tuning
 from hwprofile.profiles import build_profile, detect, registry
 
-from .helpers import FakeTimer, stale_tuned_file
+from .helpers import PREDICTED, FakeTimer, shipped, stale_tuned_file
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_a_full_disk_keeps_the_previous_file_and_says_so(stale: Path, monkeypatc
     assert "No space left on device" in msg and "free some space" in msg and "every file is whole" in msg
     assert stale.read_bytes() == before
     _no_temporaries(stale.parent)
-    assert hwprofile.profile(0)["router_gemm.max_tokens"] == 16  # the shipped value still applies
+    assert hwprofile.profile(0)["router_gemm.model"] == shipped("router_gemm.model")  # the shipped value still applies
 
 
 def _read_only(real_open: object, only_temporaries: bool) -> object:
@@ -114,18 +114,18 @@ def test_every_reader_sees_the_old_or_the_new_table_whole(stale: Path, tmp_path:
     stop = tmp_path / "stop"
     reader = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
-            import os, sys
+            import json, os, sys
             from pathlib import Path
             from hwprofile import tuning
             seen, reads = set(), 0
             ready = Path({str(tmp_path / 'ready')!r})
             while not os.path.exists({str(stop)!r}):
                 _, t = tuning.read_tuned(Path({str(stale)!r}))
-                seen.add(t["router_gemm.max_tokens"])
+                seen.add(t["router_gemm.model"])
                 reads += 1
                 if reads == 1:
                     ready.touch()
-            print(reads, sorted(seen))
+            print(reads, json.dumps(sorted(seen)))
         """)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -134,8 +134,18 @@ def test_every_reader_sees_the_old_or_the_new_table_whole(stale: Path, tmp_path:
     deadline = time.monotonic() + 30
     while not (tmp_path / "ready").exists() and reader.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    import json
+
+    from hwprofile import sweep
+
+    def model(wins_to: int) -> str:  # what a sweep of tune's points decides with this timer
+        doc = sweep.run(hwprofile.profile(0), "router_gemm", sweep.default_grid("router_gemm"), FakeTimer(wins_to=wins_to),
+                        box=sweep.box_grid("router_gemm"))
+        return str(doc["thresholds"]["router_gemm.model"])
+
+    stale_model = tuning.read_tuned(stale)[1]["router_gemm.model"]
     errors: list[BaseException] = []
-    values: set[int] = set()
+    values: set[str] = set()
     done = threading.Event()
 
     def resolve() -> None:
@@ -143,7 +153,7 @@ def test_every_reader_sees_the_old_or_the_new_table_whole(stale: Path, tmp_path:
         reg = registry()
         while not done.is_set():
             try:
-                values.add(build_profile(info, reg, os.environ)["router_gemm.max_tokens"])
+                values.add(build_profile(info, reg, os.environ)["router_gemm.model"])
             except BaseException as exc:  # noqa: BLE001 - what the test counts
                 errors.append(exc)
 
@@ -154,7 +164,7 @@ def test_every_reader_sees_the_old_or_the_new_table_whole(stale: Path, tmp_path:
         for i in range(12):
             wins_to = 4 + i % 6
             hwprofile.tune(0, everything=True, ops=["router_gemm"], timer=FakeTimer(wins_to=wins_to))
-            wrote.add(wins_to)
+            wrote.add(model(wins_to))
     finally:
         done.set()
         t.join()
@@ -162,9 +172,10 @@ def test_every_reader_sees_the_old_or_the_new_table_whole(stale: Path, tmp_path:
     out, err = reader.communicate(timeout=60)
     assert reader.returncode == 0, err
     reads, seen = out.split(" ", 1)
-    assert int(reads) > 0 and set(eval(seen)) <= wrote | {3}
+    assert len(wrote) > 1 and stale_model not in wrote  # tables that differ (a torn read would show), none the stale one
+    assert int(reads) > 0 and set(json.loads(seen)) <= wrote | {stale_model}
     assert not errors, errors[:3]
-    assert values <= wrote | {16}
+    assert values and values <= wrote | {shipped("router_gemm.model")}
     _no_temporaries(stale.parent)
 
 
@@ -180,5 +191,6 @@ def test_a_profile_resolved_while_a_tuned_file_is_written_never_lists_the_tempor
         real_replace(src, dst, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_files.os, "replace", replace)
-    hwprofile.tune(0, timer=FakeTimer())
-    assert seen and all(names == ["router_gemm.toml"] for names in seen), seen
+    hwprofile.tune(0, timer=FakeTimer())  # the stale router_gemm, then the unmeasured (predicted) ops, one file each
+    tuned = {f"{op}.toml" for op in ("router_gemm", *PREDICTED)}  # files and their samples: a rename each
+    assert len(seen) >= len(tuned) and all("router_gemm.toml" in names and set(names) <= tuned for names in seen), seen

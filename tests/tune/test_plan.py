@@ -11,7 +11,7 @@ import hwprofile
 from hwprofile import retune, sweep, tuning
 from hwprofile.optable import OPS
 
-from .helpers import stale_tuned_file
+from .helpers import PREDICTED, SWEPT, stale_tuned_file
 
 
 def status(prof: hwprofile.Profile) -> dict[str, str]:
@@ -19,9 +19,14 @@ def status(prof: hwprofile.Profile) -> dict[str, str]:
 
 
 def test_shipped_values_measured_here_are_fresh() -> None:
+    """sm90's shipped sweeps are fresh on an H200; what it ships predicted is unmeasured, and only that is planned."""
+    assert PREDICTED and SWEPT
     p = retune.plan(hwprofile.profile(0))
-    assert {f.op: f.status for f in p.findings} == dict.fromkeys(OPS, "fresh")
-    assert not p.grids and p.points() == [] and p.estimate_s() == 0
+    assert {f.op: f.status for f in p.findings} == {op: "unmeasured" if op in PREDICTED else "fresh" for op in OPS}
+    assert all("unstamped" in f.reasons[0] for f in p.findings if f.op in PREDICTED)
+    assert p.grids == {op: tuple(sweep.default_grid(op)) for op in PREDICTED}
+    fresh = retune.plan(hwprofile.profile(0), ops=SWEPT)  # the swept ops alone: nothing to measure
+    assert not fresh.grids and fresh.points() == [] and fresh.estimate_s() == 0
 
 
 def test_a_tuned_file_against_another_fallback_function_is_changed() -> None:
@@ -32,8 +37,8 @@ def test_a_tuned_file_against_another_fallback_function_is_changed() -> None:
     assert found["router_gemm"].status == "changed"
     assert "fallback function changed (torch.matmul (an older fallback) -> torch.mm" in found["router_gemm"].reasons[0]
     assert str(f) in found["router_gemm"].reasons[0] and "(ignored)" in found["router_gemm"].reasons[0]
-    assert all(found[op].status == "fresh" for op in OPS if op != "router_gemm")
-    assert list(p.grids) == ["router_gemm"] and p.grids["router_gemm"] == tuple(sweep.default_grid("router_gemm"))
+    assert all(found[op].status == ("unmeasured" if op in PREDICTED else "fresh") for op in OPS if op != "router_gemm")
+    assert set(p.grids) == {"router_gemm", *PREDICTED} and p.grids["router_gemm"] == tuple(sweep.default_grid("router_gemm"))
 
 
 @pytest.mark.parametrize(
@@ -54,10 +59,12 @@ def test_every_kind_of_change_is_changed(change: dict[str, object], words: str) 
 
 def test_cannot_tell_is_not_stale() -> None:
     """A stamp without a kernel digest or a plan ("cannot tell") is not re-measured."""
-    stale_tuned_file(hwprofile.profile(0), kernel="", plan="", fallback_torch="unknown")
+    f = stale_tuned_file(hwprofile.profile(0), kernel="", plan="", fallback_torch="unknown")
     hwprofile.reset()
     prof = hwprofile.profile(0)
-    assert prof["router_gemm.max_tokens"] == 3  # applied: not stale
+    _, thresholds = tuning.read_tuned(f)
+    assert prof["router_gemm.model"] == thresholds["router_gemm.model"]  # applied: not stale
+    assert prof.explain("router_gemm.model").winner.source == f"tuned file {f}"
     assert status(prof)["router_gemm"] == "fresh"
 
 
@@ -74,7 +81,9 @@ def test_measured_on_another_card_is_unmeasured(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("HWPROFILE_DEVICE", "h100")
     hwprofile.reset()
     found = retune.findings(hwprofile.profile(0))
-    assert all(f.status == "unmeasured" and "measured on NVIDIA H200" in f.reasons[0] for f in found)
+    assert all(f.status == "unmeasured" for f in found)
+    assert all("measured on NVIDIA H200" in f.reasons[0] for f in found if f.op not in PREDICTED)  # sm90's H200 sweeps
+    assert all("unstamped" in f.reasons[0] for f in found if f.op in PREDICTED)  # predicted: measured nowhere
 
 
 def test_defaults_only_are_unmeasured_and_no_kernel_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,10 +98,14 @@ def test_defaults_only_are_unmeasured_and_no_kernel_is_skipped(monkeypatch: pyte
 
 
 def test_a_user_override_does_not_hide_a_stale_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    stale_tuned_file(hwprofile.profile(0))
-    monkeypatch.setenv("HWPROFILE_ROUTER_GEMM_MAX_TOKENS", "5")
+    f = stale_tuned_file(hwprofile.profile(0))
+    _, thresholds = tuning.read_tuned(f)
+    monkeypatch.setenv("HWPROFILE_ROUTER_GEMM_MODEL", thresholds["router_gemm.model"])  # the user's model and table apply
+    monkeypatch.setenv("HWPROFILE_ROUTER_GEMM_MEASURED", thresholds["router_gemm.measured"])
     hwprofile.reset()
-    assert status(hwprofile.profile(0))["router_gemm"] == "changed"
+    prof = hwprofile.profile(0)
+    assert all(prof.explain(f"router_gemm.{k}").winner.kind == "env" for k in ("model", "measured"))
+    assert status(prof)["router_gemm"] == "changed"
 
 
 def test_a_stale_file_outside_the_tuned_directory_stays_a_leftover_once_a_fresh_one_wins(tmp_path: Path,
@@ -111,17 +124,24 @@ def test_a_stale_file_outside_the_tuned_directory_stays_a_leftover_once_a_fresh_
 def test_all_and_ops_choose_what_is_measured() -> None:
     prof = hwprofile.profile(0)
     p = retune.plan(prof, everything=True)
-    assert list(p.grids) == list(OPS) and {f.status for f in p.findings} == {"forced"}
+    assert list(p.grids) == list(OPS)  # the fresh ones forced, the predicted ones unmeasured: every op is measured
+    assert {f.op: f.status for f in p.findings} == {op: "unmeasured" if op in PREDICTED else "forced" for op in OPS}
     assert list(retune.plan(prof, everything=True, ops=["gemv"]).grids) == ["gemv"]
+    assert list(retune.plan(prof, ops=["gemv"]).grids) == []  # fresh, not forced
+    assert set(retune.plan(prof, ops=PREDICTED).grids) == set(PREDICTED)  # unmeasured: measured unforced
     with pytest.raises(retune.TuneError, match="unknown op 'nope'; known ops: router_gemm"):
         retune.plan(prof, ops=["nope"])
 
 
 def test_decided_keys_are_what_sweep_writes() -> None:
-    assert retune.decided_keys("router_gemm") == (
-        "router_gemm.max_tokens", "router_gemm.min_n", "router_gemm.max_n", "router_gemm.min_k", "router_gemm.max_k",
-    )
-    assert "gemv.cublas_roof_n_min" in retune.decided_keys("gemv") and "gemv.split_k" not in retune.decided_keys("gemv")
+    """The model and the per-shape table: what a sweep writes; never the kernel's limits, which no sweep decides."""
+    from .helpers import FakeTimer
+
+    prof = hwprofile.profile(0)
+    for op in OPS:
+        doc = sweep.run(prof, op, sweep.box_grid(op), FakeTimer())
+        assert set(retune.decided_keys(op)) == set(doc["thresholds"]) == {f"{op}.model", f"{op}.measured"}
+    assert "router_gemm.max_tokens" not in retune.decided_keys("router_gemm") and "gemv.split_k" not in retune.decided_keys("gemv")
 
 
 def test_the_estimate_follows_the_timer_and_the_device() -> None:

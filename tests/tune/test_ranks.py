@@ -15,7 +15,11 @@ from tests.distributed.ranks import run_ranks
 
 pytest.importorskip("torch.distributed")
 
-from hwprofile import sweep
+import hwprofile
+from hwprofile import retune, sweep
+from hwprofile.optable import OPS
+
+from .helpers import PREDICTED, SWEPT, FakeTimer, shipped
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -41,14 +45,24 @@ def results(out: Path, name: str) -> list[dict[str, Any]]:
     return res
 
 
-def _split_and_agreed(res: list[dict[str, Any]], max_tokens: int) -> None:
+def _split_and_agreed(res: list[dict[str, Any]], wins_to: int) -> None:
+    """Both ranks measured their share of the stale router_gemm's and the unmeasured (predicted) ops' grids, and
+    both apply what one sweep of those points with ``FakeTimer(wins_to)`` decides."""
     assert all(r["ok"] for r in res), [r.get("error") for r in res]
+    needed = [op for op in OPS if op == "router_gemm" or op in PREDICTED]
+    points = [(op, *g) for op in needed for g in sweep.default_grid(op)]  # catalog shapes and box edges, as sweep measures
     calls = [{tuple(c) for c in r["calls"]} for r in res]
     assert calls[0] and calls[1] and not calls[0] & calls[1]  # each rank measured its own share
-    want = len(sweep.default_grid("router_gemm"))  # the catalog's routers and the box edges, as hwprofile sweep measures
-    assert len(calls[0] | calls[1]) == res[0]["points"] == want  # together: router_gemm's grid, once
-    assert abs(len(calls[0]) - len(calls[1])) <= 1
-    assert {r["max_tokens"] for r in res} == {max_tokens} and len({r["fingerprint"] for r in res}) == 1
+    assert calls[0] | calls[1] == set(points) and res[0]["points"] == len(points)  # together: those grids, once
+    prof = hwprofile.profile(0)  # a simulated H200 here too (conftest): the same plan, the same split
+    assert [set(s) for s in retune.split(points, WORLD, retune.bandwidth(prof.device))] == calls  # balanced by estimated cost
+    want: dict[str, Any] = {}
+    for op in OPS:
+        if op in needed:
+            want.update(sweep.run(prof, op, sweep.default_grid(op), FakeTimer(wins_to=wins_to), box=sweep.box_grid(op))["thresholds"])
+        else:  # fresh: what sm90 ships
+            want.update({k: shipped(k) for k in retune.decided_keys(op)})
+    assert all(r["values"] == want for r in res) and len({r["fingerprint"] for r in res}) == 1
     assert all("2 ranks on 1 host agree" in r["agree"] for r in res)  # check_agreement holds after
     assert all(r["stale_after"] == [] for r in res) and len({r["stamp_date"] for r in res}) == 1
 
@@ -88,7 +102,7 @@ def test_a_rank_that_never_comes_is_an_error_within_the_bound(ranks: Path) -> No
     assert res[0]["seconds"] < 10
 
 
-def _torchrun(tmp_path: Path, stale: bool) -> list[subprocess.CompletedProcess[str]]:
+def _torchrun(tmp_path: Path, stale: bool, args: tuple[str, ...] = ()) -> list[subprocess.CompletedProcess[str]]:
     """`hwprofile tune` on 2 ranks as torchrun starts them (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT): gloo here."""
     import socket
 
@@ -110,7 +124,7 @@ def _torchrun(tmp_path: Path, stale: bool) -> list[subprocess.CompletedProcess[s
         subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", "import sys; from hwprofile.cli import main; sys.exit(main(['tune']))"],
+            [sys.executable, "-c", f"import sys; from hwprofile.cli import main; sys.exit(main(['tune', *{list(args)!r}]))"],
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for r in range(WORLD)
@@ -123,7 +137,7 @@ def _torchrun(tmp_path: Path, stale: bool) -> list[subprocess.CompletedProcess[s
 
 
 def test_the_command_under_torchrun_tunes_each_rank_s_device(tmp_path: Path) -> None:
-    res = _torchrun(tmp_path, stale=False)
+    res = _torchrun(tmp_path, stale=False, args=("--ops", ",".join(SWEPT)))  # sm90's predicted ops are unmeasured: left out
     assert [r.returncode for r in res] == [0, 0], [r.stderr for r in res]
     assert [r.stdout.strip() for r in res] == ["device 0: nothing stale", "device 1: nothing stale"]
 

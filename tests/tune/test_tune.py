@@ -16,43 +16,61 @@ from hwprofile import retune, sweep, tuning
 from hwprofile.cli import main
 from hwprofile.optable import OPS
 
-from .helpers import FakeTimer, stale_tuned_file
+from .helpers import PREDICTED, SWEPT, FakeTimer, shipped, stale_tuned_file
+
+#: what tune measures by default on an H200 with a stale router_gemm file: that op, and what sm90 ships predicted
+NEEDED = [op for op in OPS if op == "router_gemm" or op in PREDICTED]
+
+
+def swept(prof: hwprofile.Profile, op: str, wins_to: int = 10) -> dict[str, object]:
+    """What ``hwprofile sweep OP`` writes from ``FakeTimer(wins_to)``: the values tune must write for ``op``."""
+    return dict(sweep.run(prof, op, sweep.default_grid(op), FakeTimer(wins_to=wins_to), box=sweep.box_grid(op))["thresholds"])
 
 
 def test_tune_re_measures_only_the_stale_op_and_the_profile_follows(caplog: pytest.LogCaptureFixture) -> None:
+    """The stale op and the unmeasured (predicted) ones, each over its grid, once; the fresh ones not at all."""
     stale = stale_tuned_file(hwprofile.profile(0))
     hwprofile.reset()
     before = hwprofile.profile(0)
-    assert before["router_gemm.max_tokens"] == 16  # the stale file is ignored: the shipped value applies
+    assert before["router_gemm.model"] == shipped("router_gemm.model")  # the stale file is ignored: the shipped value applies
+    assert PREDICTED and NEEDED != list(OPS)
+    want = {op: swept(before, op) for op in NEEDED}
     timer = FakeTimer(wins_to=10)
     with caplog.at_level(logging.INFO, logger="hwprofile"):
         result = hwprofile.tune(0, timer=timer)
-    assert sorted(timer.calls) == sorted(("router_gemm", *g) for g in sweep.default_grid("router_gemm"))  # that op, its grid, once
-    assert result.written == [stale] and result.measured == len(timer.calls)
-    assert result.changes["router_gemm"]["router_gemm.max_tokens"] == (16, 10)
-    assert set(result.changes["router_gemm"]) == {"router_gemm.max_tokens", "router_gemm.measured"}  # and its per-shape table
+    assert sorted(timer.calls) == sorted((op, *g) for op in NEEDED for g in sweep.default_grid(op))  # those ops, their grids, once
+    assert result.written == [stale.parent / f"{op}.toml" for op in NEEDED] and result.measured == len(timer.calls)
+    for op in NEEDED:  # the model and the per-shape table, from what applied before to what the measurement decides
+        assert result.changes[op] == {k: (before[k], v) for k, v in want[op].items()}
+    assert result.changes["router_gemm"]["router_gemm.model"][0] == shipped("router_gemm.model")
     after = hwprofile.profile(0)
     assert after is result.profile and after is not before
-    assert after["router_gemm.max_tokens"] == 10 and after.explain("router_gemm.max_tokens").winner.source == f"tuned file {stale}"
-    stamp, thresholds = tuning.read_tuned(stale)
-    assert stamp.fallback["function"] == OPS["router_gemm"].fallback and stamp.plan  # stamped against what runs now
-    assert thresholds["router_gemm.max_tokens"] == 10
-    assert (stale.parent / tuning.SAMPLES_DIR / stale.name).exists()  # raw measurements beside it, as sweep writes them
-    assert "router_gemm.max_tokens 16 -> 10" in caplog.text and "re-measured router_gemm" in caplog.text
-    assert retune.plan(after).grids == {}  # nothing stale any more: a second tune measures nothing
+    for op in NEEDED:
+        path = stale.parent / f"{op}.toml"
+        for key, value in want[op].items():
+            assert after[key] == value and after.explain(key).winner.source == f"tuned file {path}"
+        stamp, thresholds = tuning.read_tuned(path)
+        assert stamp.fallback["function"] == OPS[op].fallback and stamp.plan  # stamped against what runs now
+        assert thresholds == want[op]
+        assert (path.parent / tuning.SAMPLES_DIR / path.name).exists()  # raw measurements beside it, as sweep writes them
+    old, new = want["router_gemm"]["router_gemm.model"], result.changes["router_gemm"]["router_gemm.model"][0]
+    assert f"router_gemm.model {new} -> {old}" in caplog.text and "re-measured router_gemm (" in caplog.text
+    assert all(f"; {op} (" in caplog.text for op in NEEDED[1:])  # one log line names every op measured
+    assert retune.plan(after).grids == {}  # nothing stale or unmeasured any more: a second tune measures nothing
     again = FakeTimer()
     assert hwprofile.tune(0, timer=again).changes == {} and again.calls == []
 
 
 def test_tune_gives_the_decision_a_full_sweep_gives() -> None:
-    """The same points through sweep.run: the same thresholds (tune adds no method of its own)."""
+    """The same points through sweep.run: the same values (tune adds no method of its own)."""
     stale_tuned_file(hwprofile.profile(0))
     hwprofile.reset()
+    prof = hwprofile.profile(0)
+    want = {op: swept(prof, op, wins_to=7) for op in NEEDED}
     result = hwprofile.tune(0, timer=FakeTimer(wins_to=7))
-    grid = sweep.default_grid("router_gemm")
-    full = sweep.run(hwprofile.profile(0), "router_gemm", grid, FakeTimer(wins_to=7), box=sweep.box_grid("router_gemm"))
-    _, thresholds = tuning.read_tuned(result.written[0])
-    assert thresholds == full["thresholds"]
+    assert [p.stem for p in result.written] == NEEDED
+    for p in result.written:
+        assert tuning.read_tuned(p)[1] == want[p.stem]
 
 
 def test_a_simulated_device_needs_a_timer() -> None:
@@ -67,6 +85,7 @@ def test_a_failing_measurement_writes_nothing() -> None:
     with pytest.raises(retune.TuneError, match="measuring failed: measuring on device 0 failed: RuntimeError: fake kernel failure"):
         hwprofile.tune(0, timer=FakeTimer(fail_at=("router_gemm", 3, 256, 7168)))
     assert stale.read_text() == text
+    assert sorted(p.name for p in stale.parent.glob("*.toml")) == [stale.name]  # not the unmeasured ops' either
 
 
 def test_tune_refuses_inside_graph_capture(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,10 +109,10 @@ def test_a_second_process_waits_for_the_first_and_then_finds_nothing_stale(monke
     first = FakeTimer()
     released = threading.Event()
 
-    def other_process() -> None:
+    def other_process() -> None:  # a tune of its own: what is stale and what is unmeasured
         time.sleep(0.5)
-        doc = sweep.run(hwprofile.profile(0), "router_gemm", sweep.default_grid("router_gemm"), first)
-        sweep.write(doc, directory / "router_gemm.toml")
+        for op in NEEDED:
+            sweep.write(sweep.run(hwprofile.profile(0), op, sweep.default_grid(op), first), directory / f"{op}.toml")
         held.release()
         released.set()
 
@@ -105,7 +124,7 @@ def test_a_second_process_waits_for_the_first_and_then_finds_nothing_stale(monke
     t.join()
     assert released.is_set() and "another process on this host is tuning" in caplog.text
     assert second.calls == [] and not result.skipped and result.plan.grids == {}
-    assert hwprofile.profile(0)["router_gemm.max_tokens"] == 10
+    assert first.calls and hwprofile.profile(0)["router_gemm.model"] == swept(prof, "router_gemm")["router_gemm.model"]
 
 
 def test_a_waiter_gives_up_after_the_bound_and_keeps_the_values(caplog: pytest.LogCaptureFixture) -> None:
@@ -120,7 +139,7 @@ def test_a_waiter_gives_up_after_the_bound_and_keeps_the_values(caplog: pytest.L
         timer = FakeTimer()
         result = hwprofile.tune(0, timer=timer, lock_timeout=0.3)
     assert timer.calls == [] and "still tuning after 0.3 s" in result.skipped
-    assert hwprofile.profile(0)["router_gemm.max_tokens"] == 16
+    assert hwprofile.profile(0)["router_gemm.model"] == shipped("router_gemm.model")
 
 
 # --- HWPROFILE_TUNE=stale at the first profile() ----------------------------------------------------------------
@@ -156,10 +175,18 @@ def real_gpu(monkeypatch: pytest.MonkeyPatch) -> list[FakeTimer]:
 def test_hwprofile_tune_stale_tunes_at_the_first_profile(real_gpu: list[FakeTimer], monkeypatch: pytest.MonkeyPatch) -> None:
     stale_tuned_file(hwprofile.profile(0))
     hwprofile.reset()
+    before = hwprofile.profile(0)
+    object.__setattr__(before.device, "simulated", False)  # as the hook sees it: on a real GPU the stamps' torch and
+    try:  # cuBLAS count too, so the shipped sweeps may be stale on this machine's torch as well
+        need = set(retune.plan(before).grids)
+    finally:
+        object.__setattr__(before.device, "simulated", True)
+    assert set(NEEDED) <= need
+    hwprofile.reset()
     monkeypatch.setenv("HWPROFILE_TUNE", "stale")
     prof = hwprofile.profile(0)
-    assert len(real_gpu) == 1 and real_gpu[0].calls  # measured once, no recursion through the profiles tuning resolves
-    assert prof["router_gemm.max_tokens"] == 10 and hwprofile.profile(0) is prof
+    assert len(real_gpu) == 1 and {c[0] for c in real_gpu[0].calls} == need  # once, no recursion through profiles
+    assert prof["router_gemm.model"] == swept(prof, "router_gemm")["router_gemm.model"] and hwprofile.profile(0) is prof
 
 
 def test_hwprofile_tune_off_or_unset_never_tunes(real_gpu: list[FakeTimer], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,7 +197,7 @@ def test_hwprofile_tune_off_or_unset_never_tunes(real_gpu: list[FakeTimer], monk
         else:
             monkeypatch.setenv("HWPROFILE_TUNE", value)
         hwprofile.reset()
-        assert hwprofile.profile(0)["router_gemm.max_tokens"] == 16
+        assert hwprofile.profile(0)["router_gemm.model"] == shipped("router_gemm.model")
     assert real_gpu == []
 
 
@@ -180,7 +207,7 @@ def test_the_hook_skips_capture_and_simulated_devices(monkeypatch: pytest.Monkey
     hwprofile.reset()
     calls: list[object] = []
     monkeypatch.setattr(retune, "tune", lambda *a, **k: calls.append(a))
-    assert hwprofile.profile(0)["router_gemm.max_tokens"] == 16 and calls == []  # simulated: never
+    assert hwprofile.profile(0)["router_gemm.model"] == shipped("router_gemm.model") and calls == []  # simulated: never
     prof = hwprofile.profile(0)
     object.__setattr__(prof.device, "simulated", False)
     try:
@@ -203,7 +230,7 @@ def test_a_failing_tune_at_the_first_profile_warns_and_keeps_the_values(real_gpu
     hwprofile.reset()
     with caplog.at_level(logging.WARNING, logger="hwprofile"):
         prof = hwprofile.profile(0)
-    assert prof["router_gemm.max_tokens"] == 16 and "tuning device 0 failed (no luck)" in caplog.text
+    assert prof["router_gemm.model"] == shipped("router_gemm.model") and "tuning device 0 failed (no luck)" in caplog.text
 
 
 def test_importing_hwprofile_does_not_import_the_tuner() -> None:
@@ -225,10 +252,14 @@ def test_dry_run_lists_what_would_be_measured(capsys: pytest.CaptureFixture[str]
     hwprofile.reset()
     assert main(["tune", "--dry-run"]) == 0
     out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.split()[:1] and line.split()[0] in OPS}
     n = len(sweep.default_grid("router_gemm"))  # the catalog's routers and the box edges
-    assert f"router_gemm       changed  {n}" in out and "fallback function changed" in out
-    assert "gemv              fresh    0" in out
-    assert f"would measure {n} point(s), about" in out and "s of GPU time" in out
+    assert rows["router_gemm"] == ["changed", str(n)] and "fallback function changed" in out
+    assert rows["gemv"] == ["fresh", "0"]
+    for op in PREDICTED:  # predicted, not measured on this SKU
+        assert rows[op] == ["unmeasured", str(len(sweep.default_grid(op)))]
+    total = sum(len(sweep.default_grid(op)) for op in NEEDED)
+    assert f"would measure {total} point(s), about" in out and "s of GPU time" in out
 
 
 def test_dry_run_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -240,10 +271,11 @@ def test_dry_run_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_tune_on_a_simulated_device_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["tune", "--all"]) == 2
-    err = capsys.readouterr().err
-    assert "tune measures real kernels: device 0 (NVIDIA H200) is simulated" in err and "--dry-run" in err
-    assert main(["tune"]) == 0 and "device 0: nothing stale" in capsys.readouterr().out
+    for args in (["--all"], []):  # by default too: what sm90 ships predicted is unmeasured here
+        assert main(["tune", *args]) == 2
+        err = capsys.readouterr().err
+        assert "tune measures real kernels: device 0 (NVIDIA H200) is simulated" in err and "--dry-run" in err
+    assert main(["tune", "--ops", ",".join(SWEPT)]) == 0 and "device 0: nothing stale" in capsys.readouterr().out
 
 
 def test_the_command_prints_a_line_per_op_off_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -254,9 +286,13 @@ def test_the_command_prints_a_line_per_op_off_a_terminal(monkeypatch: pytest.Mon
     monkeypatch.setattr(retune, "tune", lambda device=None, **kw: real_tune(device, timer=FakeTimer(), **kw))
     assert main(["tune"]) == 0
     captured = capsys.readouterr()
-    assert f"measured router_gemm ({len(sweep.default_grid('router_gemm'))} points on this rank)" in captured.err
-    assert "re-measured router_gemm (router_gemm.max_tokens 16 -> 10, router_gemm.measured 0 measured shapes -> " in captured.out
-    assert "wrote " in captured.out
+    assert captured.err.splitlines() == [f"measured {op} ({len(sweep.default_grid(op))} points on this rank)" for op in NEEDED]
+    shapes = len(shipped("router_gemm.measured").split(";"))
+    grid = len(sweep.default_grid("router_gemm"))  # every measured shape gets its decision
+    assert f"router_gemm.measured {shapes} measured shapes -> {grid} measured shapes" in captured.out
+    assert "device 0: re-measured router_gemm (router_gemm.model " in captured.out
+    directory = tuning.tuned_dir(hwprofile.profile(0).device, os.environ)
+    assert all(f"wrote {directory / op}.toml" in captured.out for op in NEEDED)
 
 
 _DEADLOCK = """

@@ -912,16 +912,18 @@ def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path, model_files: 
 
 
 def _op_lines() -> Any:
-    """A progress callback printing one line per op when stderr is not a terminal (a bar otherwise: :func:`_progress`)."""
-    state = {"op": "", "done": 0}
+    """A progress callback printing one line per op, with that op's points, when stderr is not a terminal (a bar
+    otherwise: :func:`_progress`); a rank's share comes op by op (:func:`hwprofile.retune.split`)."""
+    points: dict[str, int] = {}  # op -> points measured, in the order measured
 
     def progress(done: int, total: int, what: str) -> None:
         op = what.split(" ", 1)[0]
-        if state["op"] and op != state["op"]:
-            print(f"measured {state['op']}", file=sys.stderr, flush=True)
-        state["op"] = op
+        last = next(reversed(points), "")
+        if last and op != last:
+            print(f"measured {last} ({points[last]} points on this rank)", file=sys.stderr, flush=True)
+        points[op] = points.get(op, 0) + 1
         if done == total:
-            print(f"measured {op} ({total} points on this rank)", file=sys.stderr, flush=True)
+            print(f"measured {op} ({points[op]} points on this rank)", file=sys.stderr, flush=True)
 
     return progress
 

@@ -117,12 +117,14 @@ class Plan:
 
 
 def decided_keys(op: str) -> tuple[str, ...]:
-    """The settings a sweep of ``op`` writes (what its measurement decides), asked of sweep itself."""
+    """The settings a sweep of ``op`` writes (what its measurement decides), asked of sweep itself: the model
+    and the per-shape table :func:`hwprofile.sweep.run` adds to it."""
     from .sweep import Point, thresholds_for
+    from .tuning import measured_key
 
     grid = OPS[op].grid
     chosen, _ = thresholds_for(op, [Point(m, n, k, [1.0], [2.0]) for m, n, k in grid], "fallback")
-    return tuple(chosen)
+    return (*chosen, measured_key(op))
 
 
 def _measured_winner(chain: Sequence[Any]) -> Any:
