@@ -365,7 +365,7 @@ def _print_measured(key: str, text: str, source: str) -> None:
          "-" if d.kernel_us is None else f"{d.kernel_us:g}", f"{d.fallback_us:g}"]
         for (m, n, k), d in sorted(tuning.parse_measured(op, text, where=source).items())
     ]
-    print(f"  measured decisions ({len(rows)} shapes; dispatch takes them before the box rule):")
+    print(f"  measured decisions ({len(rows)} shapes; dispatch takes them before the cost model):")
     print(table(rows, ["M", "N", "K", "path", "kernel us", "fallback us"]))
 
 
@@ -384,7 +384,7 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}
         print(json.dumps(doc, indent=2))
         return 0
-    what = {"measured": "measured at this shape", "rule": "box rule", "fixed": "no choice"}[d.basis]
+    what = {"measured": "measured at this shape", "model": "cost model", "limit": "kernel limit", "fixed": "no choice"}[d.basis]
     print(f"{d.op} at M={m} N={n} K={k}: {d.path}   ({what})")
     print(f"  {d.reason}")
     return 0
@@ -1059,7 +1059,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("explain", parents=[device, simulate, js], help="the whole provenance chain of one setting (--list: every key)")
     s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens; or an op with --shape")
     s.add_argument(
-        "--shape", metavar="MxNxK", help="with an op as KEY: the path it takes at this shape, and whether a measurement or the box rule did"
+        "--shape", metavar="MxNxK",
+        help="with an op as KEY: the path it takes at this shape, and whether a measurement, the cost model or a kernel limit did"
     )
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)
