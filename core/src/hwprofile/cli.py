@@ -24,6 +24,9 @@ def _fmt(v: Any, key: str = "") -> str:
     if key.endswith(".measured") and isinstance(v, str) and v:  # a per-shape table: its size here, its entries in explain
         n = len(v.replace(";", " ").split())
         return f"<{n} measured shape{'s' if n != 1 else ''}>"
+    if key.endswith(".model") and isinstance(v, str) and v:  # a cost model: whether it was fitted here, its text in explain
+        fitted = next((f.split("=", 1)[1].strip() for f in v.split(";") if f.strip().startswith("samples=")), "0")
+        return f"<cost model fitted on {fitted} samples>" if fitted not in ("", "0") else "<cost model: a default, not fitted>"
     return json.dumps(v) if isinstance(v, (bool, str)) or v is None else str(v)
 
 
@@ -297,6 +300,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 print(f"        re-measure with: hwprofile sweep {st.op}")
     if s.key.endswith(".measured") and r.value:
         _print_measured(s.key, r.value, r.winner.source)
+    if s.key.endswith(".model") and r.value:
+        _print_model(s.key, r.value, r.winner.source)
     from . import tuning
     from .optable import owner
 
@@ -353,6 +358,18 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         return 1
     print("every instance passed")
     return 0
+
+
+def _print_model(key: str, text: str, source: str) -> None:
+    """An ``<op>.model`` value in words and in full (``explain``; ``show`` prints only whether it was fitted)."""
+    from . import costmodel
+    from .errors import SettingError
+
+    try:
+        print(f"  cost model: {costmodel.describe(costmodel.parse(key.rsplit('.', 1)[0], text, where=source))}")
+    except SettingError as exc:
+        print(f"  cost model: {exc}")
+    print(f"  {text}")
 
 
 def _print_measured(key: str, text: str, source: str) -> None:
