@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+from hwprofile import costmodel
 from hwprofile.cli import main
+from hwprofile.device import simulated_detection
+from hwprofile.plugin import profile_for
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -39,12 +42,24 @@ def test_show_second_device_of_mixed_host(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_explain_shows_chain(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "explain", "router_gemm.max_tokens", "--simulate", "h200")
+    """A key every layer kind sets: the core's limit, sm100's (the kernel's M limit of an unmeasured SKU), myengine's."""
+    code, out, _ = run(capsys, "explain", "router_gemm.max_tokens", "--simulate", "b200")
     assert code == 0
-    assert "hwprofile core" in out and "hwprofile-sm90" in out and "myengine-hwprofile" in out and "->" in out
-    code, out, _ = run(capsys, "explain", "router_gemm.max_tokens", "--simulate", "h200", "--json")
+    assert "hwprofile core" in out and "hwprofile-sm100" in out and "myengine-hwprofile" in out and "->" in out
+    code, out, _ = run(capsys, "explain", "router_gemm.max_tokens", "--simulate", "b200", "--json")
     d = json.loads(out)
     assert [c["kind"] for c in d["chain"]] == ["core", "arch", "downstream"]
+
+
+def test_show_summarises_a_cost_model_and_explain_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """A model is hundreds of characters: show says whether it was fitted, explain gives it in words and in full."""
+    code, out, _ = run(capsys, "show", "--simulate", "h200")
+    h200 = profile_for(simulated_detection("h200").devices[0])
+    fitted = costmodel.parse("gemv", h200["gemv.model"], where="t").samples
+    assert code == 0 and fitted > 1 and f"<cost model fitted on {fitted} samples>" in out
+    assert "<cost model: a default, not fitted>" in out  # fp8_gemv on sm90: the bandwidth rule (hwprofile_sm90.PREDICTED)
+    code, out, _ = run(capsys, "explain", "gemv.model", "--simulate", "h200")
+    assert code == 0 and "cost model: kernel " in out and f"fitted on {fitted} samples" in out and f"samples={fitted}" in out
 
 
 def test_env_export_skips_user_set(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

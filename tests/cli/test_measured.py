@@ -1,5 +1,6 @@
-"""Per-shape decisions (``<op>.measured``): the sweep writes them, dispatch takes them before the box
-rule, stamps and staleness cover them, bad ones are refused; the regret report and plot; the CLI flags.
+"""Per-shape decisions (``<op>.measured``): the sweep writes them (and the cost model, ``<op>.model``), dispatch
+takes them before the model, stamps and staleness cover them, bad ones are refused; the regret report and plot;
+the CLI flags.
 
 Everything runs on the CPU with a fake timer (the ``Timer`` protocol) on a simulated H200.
 """
@@ -17,7 +18,7 @@ import pytest
 import tomli_w
 
 import hwprofile
-from hwprofile import models, sweep, tuning
+from hwprofile import costmodel, models, sweep, tuning
 from hwprofile.errors import SettingError
 from hwprofile.ops import _dispatch, decide
 from hwprofile.optable import OPS
@@ -27,6 +28,11 @@ from hwprofile.sweep import Point
 
 #: the largest K the gemv kernel takes (the op table's default of gemv.max_k)
 GEMV_MAX_K = next(int(str(d[2])) for d in OPS["gemv"].settings if d[0] == "gemv.max_k")
+
+#: cost models whose predictions are known without fitting (costmodel.MODEL_FORMAT): the same bandwidth, one
+#: path with a far smaller fixed cost, so it is predicted faster at every shape
+KERNEL_FASTER = "kernel=1|10:1,40:1; fallback=100|10:1,40:1; near=0"
+FALLBACK_FASTER = "kernel=100|10:1,40:1; fallback=1|10:1,40:1; near=0"
 
 ENV = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine"}
 
@@ -94,7 +100,13 @@ def test_default_grid_is_the_catalog_plus_the_box_edges() -> None:
 def test_sweep_writes_one_decision_per_measured_shape(h200: hwprofile.Profile) -> None:
     doc = gemv_doc(h200)
     th = doc["thresholds"]
-    assert (th["gemv.max_n"], th["gemv.max_k"]) == (4096, 7168)  # the box from the box edges
+    assert set(th) == {"gemv.measured", "gemv.model"}  # no box: the kernel's limits are the op table's
+    model = costmodel.parse("gemv", th["gemv.model"], where="test")  # fitted on every measured shape, box edges included
+    assert model.samples == len(doc["measurements"]) and model.kernel is not None
+    fastest_kernel = min(r["kernel_us"] for r in doc["measurements"] if r["kernel_us"] > 0)  # ~10 µs, the timer's kernel win
+    assert model.kernel.launch_us == pytest.approx(costmodel.LAUNCH_FRACTION * fastest_kernel, rel=1e-3)
+    fastest_fallback = min(r["fallback_us"] for r in doc["measurements"])
+    assert model.fallback.launch_us == pytest.approx(costmodel.LAUNCH_FRACTION * fastest_fallback, rel=1e-3)
     table = tuning.parse_measured("gemv", th["gemv.measured"], where="test")
     assert set(table) == {(r["m"], r["n"], r["k"]) for r in doc["measurements"]}
     assert {(r["m"], r["n"], r["k"]) for r in doc["measurements"] if r["box"]} == set(sweep.box_grid("gemv"))
@@ -129,30 +141,50 @@ def test_format_round_trips() -> None:
 # --- dispatch ------------------------------------------------------------------------------------
 
 
-def test_dispatch_takes_the_measured_decision_and_the_box_rule_elsewhere(h200: hwprofile.Profile, tmp_path: Path) -> None:
+def test_dispatch_takes_the_measured_decision_and_the_model_elsewhere(h200: hwprofile.Profile, tmp_path: Path) -> None:
     f = write_doc(gemv_doc(h200), tmp_path / "gemv.toml")
     prof = resolve({"HWPROFILE_TUNED_FILE": str(f)}, h200)
-    d = decide("gemv", prof, m=1, n=2048, k=16384)  # outside the box, measured: the kernel
+    d = decide("gemv", prof, m=1, n=2048, k=16384)  # measured: the kernel won
     assert (d.path, d.basis) == ("kernel", "measured") and d.reason.startswith("measured at this shape")
     assert re.search(r"kernel (9\.9|10\.0)\d* µs vs fallback 1[23]\.\d+ µs", d.reason) and str(f) in d.reason
+    assert d.kernel_us == pytest.approx(10.0, rel=0.01) and d.fallback_us == pytest.approx(13.0, rel=0.01)
     d = decide("gemv", prof, m=1, n=7168, k=8192)  # measured, the fallback won
     assert (d.path, d.basis, d.gate) == ("fallback", "measured", "measured") and "fallback 12" in d.reason
-    d = decide("gemv", prof, m=1, n=2048, k=3072)  # never measured, inside the box: the rule
-    assert (d.path, d.basis) == ("kernel", "rule") and d.reason.startswith("box rule")
-    d = decide("gemv", prof, m=1, n=2048, k=12288)  # never measured, outside the box: the fallback (never an unmeasured region)
-    assert (d.path, d.basis, d.gate) == ("fallback", "rule", "k")
+    # never measured, inside the kernel's limits: the file's fitted model predicts, corrected by the file's measured times
+    model = costmodel.parse("gemv", prof["gemv.model"], where="test")
+    times = {s: (m.kernel_us, m.fallback_us) for s, m in tuning.parse_measured("gemv", prof["gemv.measured"], where="test").items()}
+    for shape in ((1, 2048, 3072), (1, 12288, 3072), (1, 6144, 10240)):
+        p = costmodel.predict(model, times, *shape)
+        d = decide("gemv", prof, m=shape[0], n=shape[1], k=shape[2])
+        assert (d.path, d.basis) == ("kernel" if p.kernel else "fallback", "model") and d.reason.startswith("predicted")
+        assert (d.kernel_us, d.fallback_us) == pytest.approx((p.kernel_us, p.fallback_us)) and str(f) in d.reason
+    d = decide("gemv", prof, m=1, n=2048, k=2 * GEMV_MAX_K)  # beyond what the kernel takes: a limit, never a prediction
+    assert (d.path, d.basis, d.gate) == ("fallback", "limit", "k") and d.kernel_us is None
     assert decide("gemv", prof, m=0, n=2048, k=16384).basis == "fixed"
-    assert decide("gemv", h200, m=1, n=2048, k=16384).path == "fallback"  # without the file: the shipped box
+    assert str(f) not in decide("gemv", h200, m=1, n=2048, k=16384).reason  # without the file: the plugin's values
+
+
+def test_the_model_decides_both_ways_where_nothing_was_measured(h200: hwprofile.Profile) -> None:
+    """A constructed model sends an unmeasured shape to the path it predicts faster; a measured shape keeps its decision."""
+    for model, path in ((KERNEL_FASTER, "kernel"), (FALLBACK_FASTER, "fallback")):
+        prof = resolve({"HWPROFILE_GEMV_MODEL": model, "HWPROFILE_GEMV_MEASURED": "1x2048x16384=fallback:13/10"}, h200)
+        d = decide("gemv", prof, m=1, n=2048, k=3072)
+        assert (d.path, d.basis) == (path, "model") and d.reason.startswith("predicted")
+        assert (d.gate is None) == (path == "kernel") and (d.kernel_us is not None and d.fallback_us is not None)
+        assert (d.kernel_us < d.fallback_us) == (path == "kernel")
+        d = decide("gemv", prof, m=1, n=2048, k=16384)
+        assert (d.path, d.basis) == ("fallback", "measured")
 
 
 def test_the_route_memo_serves_measured_decisions(h200: hwprofile.Profile, monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-shape answer is memoised like any other: one dict lookup per call when the memo hits."""
     monkeypatch.setenv("HWPROFILE_GEMV_MEASURED", "1x2048x16384=kernel:10/13")
+    monkeypatch.setenv("HWPROFILE_GEMV_MODEL", FALLBACK_FASTER)  # everywhere else the model says fallback
     hwprofile.reset()
     e = _dispatch.ENTRIES["gemv"]
     _, r, gate = _dispatch._remember(e, 0, 1, 2048, 16384)
     assert gate is None and e.memo[(0, 1, 2048, 16384)][2] is None and (1, 2048, 16384) in r.measured
-    assert _dispatch.route(r, 1, 2048, 16385) == "k"  # a neighbour nobody measured: the rule
+    assert _dispatch.route(r, 1, 2048, 16392) == "model"  # a neighbour nobody measured: the model
 
 
 def test_a_stale_tuned_file_applies_no_measured_decision(h200: hwprofile.Profile, tmp_path: Path) -> None:
@@ -161,7 +193,9 @@ def test_a_stale_tuned_file_applies_no_measured_decision(h200: hwprofile.Profile
     prof = resolve({"HWPROFILE_TUNED_FILE": str(write_doc(doc, tmp_path / "gemv.toml"))}, h200)
     r = prof.explain("gemv.measured")
     assert r.winner.kind != "tuned" and "kernel source changed" in r.chain[-1].stale
-    assert decide("gemv", prof, m=1, n=2048, k=16384).basis == "rule"
+    assert prof.explain("gemv.model").winner.kind != "tuned"  # the file's model is stale with it
+    assert "gemv.toml" not in decide("gemv", prof, m=1, n=2048, k=16384).reason
+    assert prof["gemv.measured"] == h200["gemv.measured"] and prof["gemv.model"] == h200["gemv.model"]  # the plugin's, as without the file
 
 
 def test_a_changed_plan_at_a_measured_shape_is_stale(h200: hwprofile.Profile, tmp_path: Path) -> None:
@@ -270,18 +304,24 @@ def test_report_gives_both_times_the_path_and_its_regret(h200: hwprofile.Profile
     assert (win.path, win.basis) == ("kernel", "measured") and win.regret == pytest.approx(1.0)
     nokernel = next(r for r in rows.values() if r.kernel_us is None)
     assert nokernel.path == "fallback" and nokernel.regret == 1.0
-    # without the per-shape table the box rule decides, and leaves the outside win on the table: regret 1.3
+    # without the per-shape table the model decides; one that predicts the fallback leaves the win on the table: regret 1.3
     doc["thresholds"]["gemv.measured"] = ""
-    rule = {(r.m, r.n, r.k): r for r in sweep.report(h200, doc)}[(1, 2048, 16384)]
-    assert (rule.path, rule.basis) == ("fallback", "rule") and rule.regret == pytest.approx(1.3, rel=0.01)
+    doc["thresholds"]["gemv.model"] = FALLBACK_FASTER
+    lost = {(r.m, r.n, r.k): r for r in sweep.report(h200, doc)}[(1, 2048, 16384)]
+    assert (lost.path, lost.basis) == ("fallback", "model") and lost.regret == pytest.approx(1.3, rel=0.01)
+    doc["thresholds"]["gemv.model"] = KERNEL_FASTER
+    taken = {(r.m, r.n, r.k): r for r in sweep.report(h200, doc)}[(1, 2048, 16384)]
+    assert (taken.path, taken.basis) == ("kernel", "model") and taken.regret == pytest.approx(1.0)
     assert sweep.geomean([1.0, 4.0]) == pytest.approx(2.0) and sweep.geomean([]) == 1.0
 
 
 def test_a_measured_shape_takes_the_faster_median_even_within_the_noise(h200: hwprofile.Profile) -> None:
-    """The noise rule guards the box rule (which reaches unmeasured shapes); at a measured shape a tie given to
-    the fallback would cost up to the noise (7 % on the H200 catalog run), so the table takes the faster median."""
+    """The noise rule calls a difference within the noise a tie; at a measured shape a tie given to the fallback
+    would cost up to the noise (7 % on the H200 catalog run), so the table takes the faster median. One shape is
+    a legitimate sweep: its decision is written, and no model (a fit needs two shapes)."""
     doc = sweep.run(h200, "gemv", [(1, 2048, 2048)], ShapeTimer(lambda *a: (10.0, 10.1)), date="2026-12-02")
-    assert doc["measurements"][0]["verdict"] == "tie"  # within the noise: the threshold rule gives it to the fallback
+    assert doc["measurements"][0]["verdict"] == "tie"  # within the noise
+    assert "gemv.model" not in doc["thresholds"] and any("no gemv.model written" in n for n in doc["sweep"]["notes"])
     (row,) = sweep.report(h200, doc)
     assert row.path == "kernel" and row.regret == 1.0
     doc = sweep.run(h200, "gemv", [(1, 2048, 2048)], ShapeTimer(lambda *a: (10.1, 10.0)), date="2026-12-02")
@@ -357,19 +397,24 @@ def test_cli_refuses_bad_model_flags_on_any_machine(argv: list[str], msg: str, c
     assert msg in capsys.readouterr().err
 
 
-def test_cli_explain_says_measured_or_box_rule(
+def test_cli_explain_says_measured_model_or_limit(
     h200: hwprofile.Profile, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hwprofile.cli import main
 
     monkeypatch.setenv("HWPROFILE_GEMV_MEASURED", "1x2048x16384=kernel:3.1/7.2")
+    monkeypatch.setenv("HWPROFILE_GEMV_MODEL", KERNEL_FASTER)
     hwprofile.reset()
     assert main(["explain", "gemv", "--shape", "1x2048x16384"]) == 0
     assert "measured at this shape (M=1, N=2048, K=16384): kernel 3.1 µs vs fallback 7.2 µs" in capsys.readouterr().out
     assert main(["explain", "gemv", "--shape", "1x2048x2048"]) == 0
-    assert "(box rule)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "kernel   (cost model)" in out and "predicted: kernel" in out and "HWPROFILE_GEMV_MODEL" in out
     assert main(["explain", "gemv", "--shape", "1x2048x2048", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["basis"] == "rule"
+    assert json.loads(capsys.readouterr().out)["basis"] == "model"
+    assert main(["explain", "gemv", "--shape", f"1x2048x{2 * GEMV_MAX_K}"]) == 0
+    out = capsys.readouterr().out
+    assert "fallback   (kernel limit)" in out and f"K={2 * GEMV_MAX_K} outside" in out
     assert main(["explain", "gemv.measured"]) == 0
     out = capsys.readouterr().out
     assert "<1 measured shape>" in out and "2048  16384  kernel" in out

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import hwprofile
-from hwprofile import ops, selftest, tuning
+from hwprofile import costmodel, ops, selftest, tuning
 from hwprofile.cli import main
 from hwprofile.optable import OPS
 
@@ -55,22 +55,24 @@ def test_selftest_passes_writes_verdicts_and_reuses_them(gpu: None, capsys: pyte
 
 
 def test_selftest_fails_naming_the_kernel(gpu: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(selftest, "gpu_runner", _fake(bad=("gemv",)))
+    monkeypatch.setattr(selftest, "gpu_runner", _fake(bad=("fp8_gemv",)))
     assert main(["selftest"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED: gemv" in out and "FAIL" in out and "relative error 0.3" in out
+    assert "FAILED: fp8_gemv" in out and "FAIL" in out and "relative error 0.3" in out
 
 
 def test_explain_shows_the_verdict_and_what_was_not_measured(gpu: None, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", "gemv.max_n"]) == 0
+    assert main(["explain", "fp8_gemv.model"]) == 0
     out = capsys.readouterr().out
     assert "not measured on this architecture (NVIDIA B200): no measurement for this SKU" in out
-    assert "self-test of the gemv kernel on this device: not checked" in out
+    assert "self-test of the fp8_gemv kernel on this device: not checked" in out
+    assert main(["explain", "fp8_gemv.max_n"]) == 0  # the kernel's limit: what it takes, nothing a sweep measures
+    assert tuning.NOT_MEASURED not in capsys.readouterr().out
     main(["selftest"])
     capsys.readouterr()
-    assert main(["explain", "gemv.max_n"]) == 0
-    assert "self-test of the gemv kernel on this device: passed:" in capsys.readouterr().out
-    assert main(["explain", "gemv.max_n", "--json"]) == 0
+    assert main(["explain", "fp8_gemv.model"]) == 0
+    assert "self-test of the fp8_gemv kernel on this device: passed:" in capsys.readouterr().out
+    assert main(["explain", "fp8_gemv.model", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["unmeasured"].startswith(tuning.NOT_MEASURED) and doc["selftest"].startswith("passed:")
 
@@ -82,25 +84,43 @@ def test_doctor_shows_the_verdicts(gpu: None, monkeypatch: pytest.MonkeyPatch, c
     main(["doctor"])
     out = capsys.readouterr().out
     assert "self-test verdicts" in out and "cuda:0 router_gemm: FAILED: hwp100_skinny_mma<" in out
-    assert "cuda:0 gemv: passed:" in out
+    assert "cuda:0 fp8_gemv: passed:" in out
+    # the B200's bandwidth rule never predicts the bf16 GEMV faster (the same fixed cost and bandwidth: a tie is the
+    # fallback's), so no shape of its grid routes to the kernel and there is nothing to check
+    prof = hwprofile.profile(0)
+    model = costmodel.parse("gemv", prof["gemv.model"], where="test")
+    assert not any(costmodel.predict(model, {}, *shape).kernel for shape in OPS["gemv"].grid)
+    assert "cuda:0 gemv: nothing to check" in out
     main(["doctor", "--json"])
     rows = json.loads(capsys.readouterr().out)["devices"][0]["selftest"]
     assert {r["op"] for r in rows} == set(OPS) and sum(r["failed"] for r in rows) >= 1
 
 
-def test_sm90_measured_thresholds_are_not_reported_unmeasured(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sm90_measured_values_are_not_reported_unmeasured(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the H200 sweep measured (the per-shape tables and models it ships) is measured; what sm90 predicts
+    (``hwprofile_sm90.PREDICTED``, the fused gate) is not; the kernels' limits are not measurements at all."""
+    from hwprofile_sm90 import PREDICTED
+
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
-    un = tuning.unmeasured(hwprofile.profile(0))
-    for key in ("router_gemm.max_tokens", "gemv.max_n", "gemv.max_k", "fp8_gemv.max_n", "linear_bf16_fp32.max_n"):
+    prof = hwprofile.profile(0)
+    un = tuning.unmeasured(prof)
+    for op in OPS:
+        for key in (f"{op}.measured", f"{op}.model"):
+            assert (key in un) == (op in PREDICTED), key
+            if key not in un:
+                assert isinstance(prof.explain(key).winner.stamp, tuning.Stamp), key
+    assert "moe_gate.model" in un
+    for key in ("router_gemm.max_tokens", "gemv.max_n", "gemv.max_k", "fp8_gemv.max_n", "linear_bf16_fp32.max_n", "gemv.split_k"):
         assert key not in un
 
 
 @pytest.mark.parametrize("sim", ["b200", "gb300", "rtx-pro-6000", "dgx-spark"])
-def test_blackwell_thresholds_are_unmeasured_and_inside_the_h200_box(
+def test_blackwell_models_are_unmeasured_and_take_the_h200_limits(
     no_downstream: None, monkeypatch: pytest.MonkeyPatch, sim: str
 ) -> None:
-    """Nothing was measured on SM100/SM120: every region bound says so, and none is wider than what the H200 sweep won."""
+    """Nothing was measured on SM100/SM120: every op's model says so (the bandwidth rule, fitted on no sample), no
+    per-shape table applies, and the kernels' limits are the op table's as on the H200 (what the kernels take)."""
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
     h200 = hwprofile.profile(0)
@@ -109,12 +129,12 @@ def test_blackwell_thresholds_are_unmeasured_and_inside_the_h200_box(
     prof = hwprofile.profile(0)
     un = tuning.unmeasured(prof)
     for op in OPS:
+        for key in (f"{op}.model", f"{op}.measured"):
+            assert key in un and "no measurement for this SKU" in un[key], key
+        assert prof[f"{op}.measured"] == ""
+        r = prof.explain(f"{op}.model")
+        assert r.winner.kind == "arch" and "not measured on SM1" in r.winner.reason, op
+        assert costmodel.parse(op, prof[f"{op}.model"], where="test").samples == 0, op
         for bound in ("max_n", "max_k", "min_n", "min_k"):
             key = f"{op}.{bound}"
-            assert key in un and "no measurement for this SKU" in un[key], key
-            if bound.startswith("max"):
-                assert prof[key] <= h200[key], key
-            else:
-                assert prof[key] >= h200[key], key
-        r = prof.explain(f"{op}.max_n")
-        assert r.winner.kind == "arch" and "not measured on SM1" in r.winner.reason, op
+            assert key not in un and prof[key] == h200[key], key

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import hwprofile
-from hwprofile import sweep, tuning
+from hwprofile import costmodel, sweep, tuning
+from hwprofile.ops import decide
 from hwprofile.profiles import build_profile
 from hwprofile.registry import Registry
 from hwprofile.sweep import Point
@@ -34,30 +35,53 @@ def test_verdict_respects_noise() -> None:
     assert sweep.verdict(Point(1, 256, 7168, [], [5.0] * 5)) == "fallback"  # no kernel for the shape
 
 
-def test_max_tokens_prefix_ties_and_non_monotone() -> None:
-    pts = [pt(m, 4.0 + 0.2 * m, 7.0) for m in range(1, 13)]  # kernel wins to M=11 (6.2 vs 7), tie at 12 (6.4)
-    pts += [pt(13, 7.0, 7.0), pt(14, 8.0, 7.0), pt(15, 5.0, 7.0)]
-    m, notes = sweep.max_tokens(pts, ties="fallback")
-    assert m == 12 and any("M=15" in n for n in notes)
-    m_ties, _ = sweep.max_tokens(pts, ties="kernel")
-    assert m_ties == 13  # the tie at 13 now goes to the kernel; 14 loses
-    assert sweep.max_tokens([pt(1, 9.0, 7.0)])[0] == 0
+def law(m: int, n: int, k: int, launch: float, tbps: float) -> float:
+    """A path's µs by the cost model's own trend: a fixed cost plus the bytes a router call moves at ``tbps``."""
+    return launch + costmodel.call_bytes("router_gemm", m, n, k) / (tbps * 1e6)
 
 
-def test_max_tokens_needs_every_n_to_win() -> None:
+def test_the_sweep_fits_the_cost_model_from_its_points() -> None:
+    """What replaced the prefix and box rules: every measured point feeds the model (launch = 0.9 x the fastest
+    sample, a bandwidth per power of two of bytes), and the model predicts the faster path where nobody measured."""
+    shapes = [(m, n, 7168) for m in (1, 2, 4, 8, 16) for n in (256, 384, 1024)]
+    pts = [pt(m, law(m, n, k, 3.0, 2.0), law(m, n, k, 6.0, 2.0), n=n, k=k, jitter=0.0) for m, n, k in shapes]
+    chosen, notes = sweep.thresholds_for("router_gemm", pts, "fallback")
+    assert set(chosen) == {"router_gemm.model"} and notes == []  # no box, no prefix: the kernel's limits are the op table's
+    model = costmodel.parse("router_gemm", str(chosen["router_gemm.model"]), where="test")
+    assert model.samples == len(shapes) and model.kernel is not None
+    fastest = min(law(m, n, k, 3.0, 2.0) for m, n, k in shapes)
+    assert model.kernel.launch_us == pytest.approx(costmodel.LAUNCH_FRACTION * fastest, rel=1e-3)
+    assert model.fallback.launch_us == pytest.approx(costmodel.LAUNCH_FRACTION * min(law(*s, 6.0, 2.0) for s in shapes), rel=1e-3)
+    p = costmodel.predict(model, {}, 3, 512, 7168)  # never measured: the trend alone, the kernel's smaller fixed cost wins
+    assert p.kernel and p.neighbours == ()
+    assert p.kernel_us == pytest.approx(law(3, 512, 7168, 3.0, 2.0), rel=0.15)
+    assert p.fallback_us == pytest.approx(law(3, 512, 7168, 6.0, 2.0), rel=0.15)
+
+
+def test_a_sweep_of_one_shape_writes_its_decision_but_no_model() -> None:
+    """A fit needs two measured shapes: one shape is a legitimate sweep (its decision is measured), not a crash."""
+    chosen, notes = sweep.thresholds_for("router_gemm", [pt(1, 4.0, 7.0)], "fallback")
+    assert chosen == {} and len(notes) == 1 and "no router_gemm.model written" in notes[0] and "at least 2" in notes[0]
+    assert sweep.decision_table([pt(1, 4.0, 7.0)], "fallback")[(1, 256, 7168)].kernel
+
+
+def test_a_kernel_that_never_ran_is_never_predicted_faster() -> None:
+    chosen, notes = sweep.thresholds_for("router_gemm", [Point(m, 256, 7168, [], [5.0] * 5) for m in (1, 2)], "fallback")
+    model = costmodel.parse("router_gemm", str(chosen["router_gemm.model"]), where="test")
+    assert model.kernel is None and any("kernel ran at no measured shape" in n for n in notes)
+    assert not costmodel.predict(model, {}, 1, 384, 7168).kernel
+
+
+def test_decisions_are_per_shape_not_one_prefix_or_box() -> None:
+    """Where one N loses from M = 6 and the other wins throughout, each measured shape keeps its own decision
+    (the old prefix rule gave both N the common prefix); exactly equal medians go to ``ties``."""
     pts = [pt(m, 4.0, 7.0, n=256) for m in range(1, 9)] + [pt(m, 4.0 if m < 6 else 8.0, 7.0, n=384) for m in range(1, 9)]
-    assert sweep.max_tokens(pts)[0] == 5
-
-
-def test_predicate_box() -> None:
-    pts = []
-    for n in (2048, 4096, 7168, 12288):
-        for k in (2048, 7168, 16384):
-            kernel_wins = n <= 7168 and k <= 7168
-            pts.append(pt(1, 10.0 if kernel_wins else 12.0, 11.5, n=n, k=k))
-    pts.append(pt(1, 5.0, 11.5, n=28672, k=2048))  # isolated win outside the box
-    max_n, max_k, notes = sweep.predicate_box(pts)
-    assert (max_n, max_k) == (7168, 7168) and any("N=28672" in x for x in notes)
+    table = sweep.decision_table(pts, "fallback")
+    assert all(table[(m, 256, 7168)].kernel for m in range(1, 9))
+    assert [table[(m, 384, 7168)].kernel for m in range(1, 9)] == [True] * 5 + [False] * 3
+    equal = Point(1, 256, 7168, [5.0] * 5, [5.0] * 5)
+    assert not sweep.decision_table([equal], "fallback")[(1, 256, 7168)].kernel
+    assert sweep.decision_table([equal], "kernel")[(1, 256, 7168)].kernel
 
 
 class FakeTimer:
@@ -81,14 +105,10 @@ def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monk
     timer = FakeTimer({m: (4.0, 7.0) if m <= 6 else (8.0, 7.0) for m in range(1, 17)})
     box = sweep.box_grid("router_gemm")
     doc = sweep.run(h200, "router_gemm", sweep.default_grid("router_gemm"), timer, date="2026-11-30", box=box)
-    measured = doc["thresholds"].pop("router_gemm.measured")
-    assert doc["thresholds"] == {  # the rule is chosen from the box edges only, not from the catalog's sparse shapes
-        "router_gemm.max_tokens": 6,
-        "router_gemm.min_n": 256,
-        "router_gemm.max_n": 384,
-        "router_gemm.min_k": 7168,
-        "router_gemm.max_k": 7168,
-    }
+    measured, model = doc["thresholds"]["router_gemm.measured"], doc["thresholds"]["router_gemm.model"]
+    assert set(doc["thresholds"]) == {"router_gemm.measured", "router_gemm.model"}  # no box: the kernel's limits are the op table's
+    fitted = costmodel.parse("router_gemm", model, where="test")
+    assert fitted.samples == len(doc["measurements"]) and fitted.kernel is not None
     assert len(tuning.parse_measured("router_gemm", measured, where="test")) == len(doc["measurements"])
     st = doc["stamp"]
     assert st["plugin"] == "sm90" and st["compute_capability"] == [9, 0] and st["kernel"]
@@ -101,19 +121,38 @@ def test_sweep_document_round_trip(h200: hwprofile.Profile, tmp_path: Path, monk
     sweep.write(doc, f)
     env = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine", "HWPROFILE_TUNED_FILE": str(f)}
     reg = Registry(env).load_entry_points()
-    r = build_profile(h200.device, reg, env).explain("router_gemm.max_tokens")
-    assert r.value == 6 and r.winner.kind == "tuned" and r.winner.stamp.date == "2026-11-30" and r.winner.stamp.plan == st["plan"]
+    prof = build_profile(h200.device, reg, env)
+    for key, value in (("router_gemm.model", model), ("router_gemm.measured", measured)):
+        r = prof.explain(key)
+        assert r.value == value and r.winner.kind == "tuned" and r.winner.stamp.date == "2026-11-30" and r.winner.stamp.plan == st["plan"]
+    assert decide("router_gemm", prof, m=3, n=256, k=7168).basis == "measured"  # the file's table routes
 
 
 def test_tuned_file_for_other_gpu_is_stale_not_a_crash(h200: hwprofile.Profile, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    doc = sweep.run(h200, "router_gemm", [(1, 256, 7168)], FakeTimer({1: (4.0, 7.0)}), date="2026-11-30")
+    doc = sweep.run(h200, "router_gemm", [(1, 256, 7168), (2, 256, 7168)], FakeTimer({1: (4.0, 7.0), 2: (4.0, 7.0)}), date="2026-11-30")
     f = tmp_path / "t.toml"
     sweep.write(doc, f)
     env = {"HWPROFILE_DEVICE": "rtx-pro-6000", "HWPROFILE_TUNED_FILE": str(f)}
     reg = Registry(env).load_entry_points()
-    spark = hwprofile.detect(env).devices[0]
-    r = build_profile(spark, reg, env).explain("router_gemm.max_tokens")
-    assert r.winner.kind != "tuned" and "compute capability 9.0" in r.chain[-1].stale
+    rtx = hwprofile.detect(env).devices[0]
+    prof = build_profile(rtx, reg, env)
+    for key in ("router_gemm.model", "router_gemm.measured"):
+        r = prof.explain(key)
+        assert r.winner.kind != "tuned" and "compute capability 9.0" in r.chain[-1].stale
+    assert decide("router_gemm", prof, m=1, n=256, k=7168).basis != "measured"
+
+
+def test_a_one_shape_tuned_file_keeps_the_model_below_it(h200: hwprofile.Profile, tmp_path: Path) -> None:
+    doc = sweep.run(h200, "router_gemm", [(1, 256, 7168)], FakeTimer({1: (4.0, 7.0)}), date="2026-11-30")
+    assert "router_gemm.model" not in doc["thresholds"] and any("no router_gemm.model written" in n for n in doc["sweep"]["notes"])
+    f = tmp_path / "t.toml"
+    sweep.write(doc, f)
+    env = {"HWPROFILE_DEVICE": "h200", "HWPROFILE_DISABLE_PLUGINS": "myengine", "HWPROFILE_TUNED_FILE": str(f)}
+    prof = build_profile(h200.device, Registry(env).load_entry_points(), env)
+    assert prof.explain("router_gemm.measured").winner.kind == "tuned"
+    assert prof.explain("router_gemm.model").value == h200.explain("router_gemm.model").value  # the plugin's, untouched
+    d = decide("router_gemm", prof, m=1, n=256, k=7168)
+    assert (d.path, d.basis) == ("kernel", "measured") and str(f) in d.reason
 
 
 def test_plot_writes_png(h200: hwprofile.Profile, tmp_path: Path) -> None:
@@ -143,7 +182,9 @@ def test_gpu_sweep_writes_stamped_file(tmp_path: Path, monkeypatch: pytest.Monke
 
     doc = tomllib.loads(out.read_text())
     assert doc["stamp"]["plugin"] == "sm90" and "measurements" not in doc  # the tuned file holds no raw samples
-    assert doc["thresholds"]["router_gemm.max_tokens"] in (0, 1, 2)
+    assert costmodel.parse("router_gemm", doc["thresholds"]["router_gemm.model"], where=str(out)).samples == 2
+    table = tuning.parse_measured("router_gemm", doc["thresholds"]["router_gemm.measured"], where=str(out))
+    assert set(table) == {(1, 256, 7168), (2, 256, 7168)}
     samples = tomllib.loads((tmp_path / doc["sweep"]["samples"]).read_text())  # they sit beside it, in samples/
     assert samples["stamp"] == doc["stamp"] and len(samples["measurements"]) == 2
 

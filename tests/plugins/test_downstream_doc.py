@@ -52,6 +52,14 @@ def commands() -> list[str]:
     return [ln[2:] for block in blocks("console") for ln in block.splitlines() if ln.startswith("$ ")]
 
 
+def page_layers(key: str) -> list[tuple[str, str, str]]:
+    """(kind, value, source) of each layer the page's ``hwprofile explain KEY --simulate h200`` output shows."""
+    m = re.search(rf"\$ hwprofile explain {re.escape(key)} --simulate h200\n(.*?)(?:\n\$|```)", doc(), re.S)
+    assert m is not None, key
+    rows = re.findall(r"^ {3}(?:->| {2}) (\w+) +(\S+) +(.+?)  \(", m.group(1), re.M)
+    return [(kind, value, source) for kind, value, source in rows]
+
+
 def load_example(tmp_path: Path) -> types.ModuleType:
     """The page's plugin module, imported from a file under ``tmp_path`` (not installed)."""
     path = tmp_path / "acme_hwprofile.py"
@@ -122,7 +130,10 @@ def test_example_resolves_as_the_page_says(tmp_path: Path) -> None:
     assert prof.get("acme.attention_backend", str) == "flash"
     why = prof.explain("router_gemm.max_tokens")
     assert why.value == 8 and why.winner.source == "acme-hwprofile 0.1.0"
-    assert [layer.kind for layer in why.chain] == ["core", "arch", "downstream"]
+    assert [layer.kind for layer in why.chain] == ["core", "downstream"]  # sm90 leaves the router's M limit to the core
+    assert page_layers("router_gemm.max_tokens") == [(layer.kind, str(layer.value), layer.source) for layer in why.chain]
+    above = build_profile(simulated_device((10, 0), "NVIDIA B200"), reg, {}).explain("router_gemm.max_tokens")
+    assert [(layer.kind, layer.value) for layer in above.chain] == [("core", 16), ("arch", 16), ("downstream", 8)]  # above sm100's
     assert (why.setting.minimum, why.setting.maximum, why.setting.env_var) == (0, 16, "HWPROFILE_ROUTER_GEMM_MAX_TOKENS")
     assert prof.apply_env({})["ACME_ATTENTION_BACKEND"] == "flash"
     assert prof.apply_env({"ACME_ATTENTION_BACKEND": "sdpa"}).get("ACME_ATTENTION_BACKEND") is None  # the user's value stays

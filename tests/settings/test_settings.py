@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hwprofile
-from hwprofile import EnvDefault, Setting, Value, hookimpl
+from hwprofile import EnvDefault, Setting, Value, hookimpl, tuning
 from hwprofile.device import DeviceInfo
 from hwprofile.errors import PluginError, SettingError
 from hwprofile.profiles import build_profile
@@ -293,8 +293,13 @@ def test_real_plugins_ship_their_values(no_downstream: None, monkeypatch: pytest
     monkeypatch.setenv("HWPROFILE_DEVICE", sim)
     hwprofile.reset()
     prof = hwprofile.profile(0)
-    assert prof[KEY] == 16
-    assert "fp32" in prof.explain(KEY).setting.doc or "fp32" in prof.explain(KEY).winner.reason
+    assert prof[KEY] == 16  # the router kernel's M limit, whichever layer states it
+    model = prof.explain("router_gemm.model").winner  # what decides inside it: the plugin's cost model
+    assert model.kind == "arch" and model.source.startswith(f"hwprofile-{prof.plugin.name if prof.plugin else '?'} ")
+    if sim == "h200":  # measured: stamped by the H200 sweep, against the fp32-output fallback
+        assert isinstance(model.stamp, tuning.Stamp) and model.stamp.fallback["function"] == "torch.mm(out_dtype=torch.float32)"
+    else:  # unmeasured: the bandwidth rule, saying so
+        assert model.stamp is None and "not measured on SM1" in model.reason
     assert prof.env_defaults["TORCH_CUDA_ARCH_LIST"].value == arch
     assert prof.settings["gemv.split_k"].value is True and not prof.settings["gemv.split_k"].setting.bit_identical
     assert "HWPROFILE_GEMV_SPLIT_K=0" in prof.settings["gemv.split_k"].winner.reason

@@ -24,6 +24,9 @@ def _fmt(v: Any, key: str = "") -> str:
     if key.endswith(".measured") and isinstance(v, str) and v:  # a per-shape table: its size here, its entries in explain
         n = len(v.replace(";", " ").split())
         return f"<{n} measured shape{'s' if n != 1 else ''}>"
+    if key.endswith(".model") and isinstance(v, str) and v:  # a cost model: whether it was fitted here, its text in explain
+        fitted = next((f.split("=", 1)[1].strip() for f in v.split(";") if f.strip().startswith("samples=")), "0")
+        return f"<cost model fitted on {fitted} samples>" if fitted not in ("", "0") else "<cost model: a default, not fitted>"
     return json.dumps(v) if isinstance(v, (bool, str)) or v is None else str(v)
 
 
@@ -297,6 +300,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 print(f"        re-measure with: hwprofile sweep {st.op}")
     if s.key.endswith(".measured") and r.value:
         _print_measured(s.key, r.value, r.winner.source)
+    if s.key.endswith(".model") and r.value:
+        _print_model(s.key, r.value, r.winner.source)
     from . import tuning
     from .optable import owner
 
@@ -355,6 +360,18 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_model(key: str, text: str, source: str) -> None:
+    """An ``<op>.model`` value in words and in full (``explain``; ``show`` prints only whether it was fitted)."""
+    from . import costmodel
+    from .errors import SettingError
+
+    try:
+        print(f"  cost model: {costmodel.describe(costmodel.parse(key.rsplit('.', 1)[0], text, where=source))}")
+    except SettingError as exc:
+        print(f"  cost model: {exc}")
+    print(f"  {text}")
+
+
 def _print_measured(key: str, text: str, source: str) -> None:
     """The per-shape decisions of an ``<op>.measured`` value, one row per shape (``explain``)."""
     from . import tuning
@@ -365,7 +382,7 @@ def _print_measured(key: str, text: str, source: str) -> None:
          "-" if d.kernel_us is None else f"{d.kernel_us:g}", f"{d.fallback_us:g}"]
         for (m, n, k), d in sorted(tuning.parse_measured(op, text, where=source).items())
     ]
-    print(f"  measured decisions ({len(rows)} shapes; dispatch takes them before the box rule):")
+    print(f"  measured decisions ({len(rows)} shapes; dispatch takes them before the cost model):")
     print(table(rows, ["M", "N", "K", "path", "kernel us", "fallback us"]))
 
 
@@ -384,7 +401,7 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}
         print(json.dumps(doc, indent=2))
         return 0
-    what = {"measured": "measured at this shape", "rule": "box rule", "fixed": "no choice"}[d.basis]
+    what = {"measured": "measured at this shape", "model": "cost model", "limit": "kernel limit", "fixed": "no choice"}[d.basis]
     print(f"{d.op} at M={m} N={n} K={k}: {d.path}   ({what})")
     print(f"  {d.reason}")
     return 0
@@ -1061,7 +1078,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("explain", parents=[device, simulate, js], help="the whole provenance chain of one setting (--list: every key)")
     s.add_argument("key", nargs="?", help="setting key, e.g. router_gemm.max_tokens; or an op with --shape")
     s.add_argument(
-        "--shape", metavar="MxNxK", help="with an op as KEY: the path it takes at this shape, and whether a measurement or the box rule did"
+        "--shape", metavar="MxNxK",
+        help="with an op as KEY: the path it takes at this shape, and whether a measurement, the cost model or a kernel limit did"
     )
     s.add_argument("--list", action="store_true", help="list every setting key with its value and override variable")
     s.set_defaults(fn=cmd_explain)

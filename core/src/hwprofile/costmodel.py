@@ -46,6 +46,7 @@ Shape = tuple[int, int, int]
 NEAR: Final = 4
 N_WEIGHT: Final = 4.0
 LAUNCH_FRACTION: Final = 0.9  #: launch = this x the fastest sample of the path
+MIN_SAMPLES: Final = 2  #: the fewest measured shapes :func:`fit` takes
 
 MODEL_FORMAT: Final = (
     "'kernel=LAUNCH_US|L2B:TBPS,L2B:TBPS,...; fallback=LAUNCH_US|L2B:TBPS,...; near=N; n_weight=W; samples=S' "
@@ -150,8 +151,8 @@ def _check(op: str, samples: Sequence[Sample]) -> None:
         if shape in seen:
             raise _refuse(op, f"sample {'x'.join(map(str, shape))} appears twice")
         seen.add(shape)
-    if len(samples) < 2:
-        raise _refuse(op, f"{len(samples)} sample(s): a fit needs at least 2 measured shapes")
+    if len(samples) < MIN_SAMPLES:
+        raise _refuse(op, f"{len(samples)} sample(s): a fit needs at least {MIN_SAMPLES} measured shapes")
 
 
 def _pava(values: list[float], weights: list[float]) -> list[float]:

@@ -1,4 +1,4 @@
-"""``hwprofile sweep``: time a kernel against its fallback, pick thresholds and per-shape decisions, write them stamped.
+"""``hwprofile sweep``: time a kernel against its fallback, fit the cost model and per-shape decisions, write them stamped.
 
 By default it measures the served-model catalog's decode shapes plus the op table's grid (the box
 edges): the cost model (``<op>.model``, :mod:`hwprofile.costmodel`) is fitted on every measured
@@ -103,12 +103,20 @@ def thresholds_for(op: str, points: Sequence[Point], ties: str) -> tuple[dict[st
 
     The kernel's limits are the op table's (what the kernel takes), not a sweep's: no box is written.
     ``ties`` is the per-shape tie rule (:func:`decision_table`); the model predicts strict wins only.
+    A sweep of one shape is legitimate (its decision is still written) but a fit needs two: then no
+    model is written, a note says so, and the model of the layers below stays in force.
     """
     from . import costmodel
 
+    key = costmodel.model_key(op)
+    if len(points) < costmodel.MIN_SAMPLES:
+        return {}, [
+            f"{op}: {len(points)} measured shape(s), the cost model needs at least {costmodel.MIN_SAMPLES}: no {key} written "
+            f"(the profile's stays in force); sweep more shapes to fit one"
+        ]
     model = costmodel.fit(op, samples(points))
     notes = [] if model.kernel is not None else [f"{op}: the kernel ran at no measured shape: the model never predicts it faster"]
-    return {costmodel.model_key(op): costmodel.format_model(model)}, notes
+    return {key: costmodel.format_model(model)}, notes
 
 
 def replay_times(fn: Callable[[int], Any], calls: int, reps: int, dev: Any) -> list[float]:
@@ -208,7 +216,7 @@ class GpuTimer:
 
 
 def box_grid(op: str) -> list[tuple[int, int, int]]:
-    """The op table's sweep grid for ``op``: the box edges the threshold rule is chosen from."""
+    """The op table's sweep grid for ``op``: the box edges, measured by every sweep so the cost model's fit spans the kernel's range."""
     from .optable import get
 
     return list(get(op).grid)
@@ -235,9 +243,9 @@ def default_grid(op: str, models: Sequence[str] | None = None, model_files: Sequ
     """What ``hwprofile sweep OP`` measures by default: the catalog's shapes (:func:`model_grid`) and
     the box edges (:func:`box_grid`), sorted, each once.
 
-    The catalog's shapes become per-shape decisions (``<op>.measured``); the box edges also give
-    the threshold and the box the rule uses at every shape nobody measured (a box spanning the
-    catalog's sparse shapes would include combinations nobody measured).
+    Every measured shape becomes a per-shape decision (``<op>.measured``) and a sample of the cost
+    model (``<op>.model``); the box edges give the fit shapes across the kernel's range, not only
+    where the catalog's models run.
     """
     return sorted({*model_grid(op, models, model_files), *box_grid(op)})
 
@@ -245,10 +253,10 @@ def default_grid(op: str, models: Sequence[str] | None = None, model_files: Sequ
 def decision_table(points: Sequence[Point], ties: str) -> dict[tuple[int, int, int], Any]:
     """One decision per measured shape: the path with the smaller median, with both times.
 
-    The noise rule (a difference within the noise is a tie, given to ``ties``) guards the threshold
-    rule, which extends a decision to shapes nobody measured. At a measured shape the faster median
-    is the best estimate whatever the noise: giving a within-noise tie to the fallback cost up to 7 %
-    on the H200 catalog run (gemv 1x37984x5120: kernel 94.5 µs, fallback 101.4 µs, passes 8 % apart).
+    The noise rule (:func:`verdict`: a difference within the noise is a tie) is for reading a sweep's
+    table; at a measured shape the faster median is the best estimate whatever the noise: giving a
+    within-noise tie to the fallback cost up to 7 % on the H200 catalog run (gemv 1x37984x5120:
+    kernel 94.5 µs, fallback 101.4 µs, passes 8 % apart).
     Exactly equal medians go to ``ties``.
     """
     from .tuning import Measured
@@ -314,7 +322,7 @@ def run(
             "notes": notes,
             "method": "CUDA-graph replay, cold L2 (rotating weight copies), median of replays",
         },
-        # "box": the point is one the threshold rule was chosen from (plot draws those)
+        # "box": the point is a box edge of the op's grid (plot draws those)
         "measurements": [{**pt.as_dict(ties), "box": (pt.m, pt.n, pt.k) in in_box} for pt in points],
     }
 
@@ -356,7 +364,7 @@ class Regret:
     kernel_us: float | None  #: None: the kernel could not run the shape
     fallback_us: float
     path: str  #: "kernel" | "fallback": what dispatch does with the sweep's result applied
-    basis: str  #: "measured" | "rule" | "fixed" (:attr:`hwprofile.ops.Decision.basis`)
+    basis: str  #: "measured" | "model" | "limit" | "fixed" (:attr:`hwprofile.ops.Decision.basis`)
 
     @property
     def regret(self) -> float:

@@ -821,20 +821,22 @@ NOT_MEASURED = "not measured on this architecture"
 
 
 def unmeasured(prof: Any) -> dict[str, str]:
-    """The op thresholds of ``prof`` no measurement stands behind on this SKU, key -> why, for ``explain`` and ``hwprofile tune``.
+    """The values of ``prof`` a sweep decides that no measurement stands behind on this SKU, key -> why, for ``explain``.
 
-    A threshold (a key an op owns, :func:`hwprofile.optable.owner`) counts as measured when the
-    winning layer carries a stamp (a shipped sweep, a tuned file) or the user set it (the
-    environment: the user's decision). Anything else, a plugin's reasoned value or the op table's
-    default, is "no measurement for this SKU": what ``hwprofile tune`` should measure first. Ops the
-    profile has no kernel for are left out (nothing routes on their thresholds).
+    A sweep decides an op's cost model and per-shape decisions (``<op>.model``, ``<op>.measured``);
+    the op's other settings are the kernel's limits and switches (what it takes), which nothing measures.
+    Such a value counts as measured when the winning layer carries a stamp (a shipped sweep, a tuned
+    file) or the user set it (the environment: the user's decision). Anything else, a plugin's rule or
+    the op table's default, is "no measurement for this SKU": what ``hwprofile tune`` measures first.
+    Ops the profile has no kernel for are left out (nothing routes on their values).
     """
+    from .costmodel import model_key
     from .optable import owner
 
     out: dict[str, str] = {}
     for key, r in prof.settings.items():
         op = owner(key)
-        if op is None or op.name not in prof.kernels or key.endswith("_multiple"):  # *_multiple: what the kernel takes, not a measurement
+        if op is None or op.name not in prof.kernels or key not in (measured_key(op.name), model_key(op.name)):
             continue
         w = r.winner
         if w.stamp is not None or w.kind == "env":
