@@ -46,7 +46,8 @@ def arch_layer(prof: Any, key: str) -> Any:
 
 def raw_sweep(op: str) -> str:
     """The raw sweep a shipped file names (its header comment): the catalog run's tuned file, beside its samples."""
-    found = re.search(r"^# Raw sweep \(hwprofile repository, every measurement\): (\S+) and (\S+)$", (MEASURED / f"{op}.toml").read_text(), re.M)
+    header = r"^# Raw sweep \(hwprofile repository, every measurement\): (\S+) and (\S+)$"
+    found = re.search(header, (MEASURED / f"{op}.toml").read_text(), re.M)
     assert found, f"measured/{op}.toml does not name its raw sweep"
     assert found.group(1) == f"{RAW}/{op}.toml" and found.group(2) == f"samples/{op}.toml"
     return found.group(1)
