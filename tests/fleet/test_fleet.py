@@ -264,7 +264,7 @@ def test_a_stale_tuned_table_in_the_store_is_ignored_as_a_stale_file_is(gb300: A
         prof = hwprofile.profile(0)
     shipped = prof.explain("router_gemm.max_tokens")
     assert prof["router_gemm.max_tokens"] == 16 and shipped.winner.source != f"remote tuned table {key} in {store.url}"
-    assert [x.stale for x in shipped.chain if x.source.startswith("remote tuned table")][0].startswith("fallback function changed")
+    assert next(x.stale for x in shipped.chain if x.source.startswith("remote tuned table")).startswith("fallback function changed")
     assert f"remote tuned table {key} in {store.url} is stale for device 0 (fallback function changed" in caplog.text
     assert "its values are ignored and the shipped ones apply" in caplog.text
 
