@@ -12,6 +12,10 @@ escape :func:`load`, what ops call, as anything but a
 :class:`~hwprofile.errors.KernelError`: ops turn that into the one documented warning and the
 torch fallback, so no cache or toolchain fault reaches an engine.
 
+Lookup order: the in-process memo, the local cache layers, the fleet store (``HWPROFILE_REMOTE``:
+a verified hit is written to the local write layer), then NVRTC, whose result is written locally and
+published to the store (best effort).
+
 In-process memos (compiled kernels, loaded functions) are keyed by the cache key, a hash of every
 compile input, and cleared by ``hwprofile.reset()``.
 

@@ -42,6 +42,11 @@ Rules (each has a test in ``tests/kernels/test_cache.py``):
   directory nor the entry is writable by group or others. A hit is counted per layer
   (:func:`layer_label`).
 
+* **The fleet store** (``HWPROFILE_REMOTE``, :mod:`hwprofile._remote`) is the last layer, read after
+  every directory: :func:`read_remote` passes its value through :func:`decode` exactly as a file's,
+  and a verified hit is written to the write layer; :func:`publish` puts a compiled entry there in
+  the same format. A value that fails is one warning and a miss, never loaded.
+
 Directory-level faults of a directory ``HWPROFILE_CACHE_DIR`` names (a shared or foreign write
 directory, a file or a symlink, a directory that cannot be created) raise
 :class:`~hwprofile.errors.CacheError`, a :class:`~hwprofile.errors.KernelError`, so ops fall back
