@@ -400,10 +400,10 @@ def _fleet_lock(prof: Profile, everything: bool, ops: Sequence[str] | None, time
 
     Returns ``(profile, lock, why)``: the lock held (to release after publishing) or None, and why
     this process must not tune (another host still holds the lock after ``timeout_s``), else "".
-    Taken only when something is stale. A process that waited resolves its profile again, reading
-    the tables the holder published, so it measures only what is still stale (everything, when the
-    holder died: its lock expired, ``_remote.LOCK_TTL_S``). A store that fails is one warning and
-    this process tunes alone.
+    Taken only when something is stale. Once it holds the lock, the process resolves its profile
+    again, reading any table a holder published meanwhile, so it measures only what is still stale
+    (everything, when the holder died: its lock expired, ``_remote.LOCK_TTL_S``). A store that fails
+    is one warning and this process tunes alone.
     """
     from . import _remote, profiles, tuning
 
@@ -420,8 +420,9 @@ def _fleet_lock(prof: Profile, everything: bool, ops: Sequence[str] | None, time
             f"another host ({lock.holder or '?'}) was still tuning {identity} through the remote store {store.shown} after "
             f"{timeout_s:g} s; the values already there apply"
         )
-    if lock.waited:
-        prof = profiles._rebuild(prof.device.index)  # the holder published its tables: only what is still stale is measured
+    # checked again under the lock: a holder may have published (and released) since this profile was resolved, whether
+    # this process waited for it or not; only what is still stale is measured
+    prof = profiles._rebuild(prof.device.index)
     return prof, lock, ""
 
 
@@ -532,12 +533,14 @@ def tune(
     try:
         if leader:
             try:
+                waited_from = time.monotonic()
                 lock = _HostLock(directory, lock_timeout)
                 mine["lock"] = lock.acquire()
                 if lock.waited and mine["lock"]:
                     prof = profiles._rebuild(index)  # the process we waited for may have written fresh tables
-                if mine["lock"]:
-                    prof, fleet, mine["why"] = _fleet_lock(prof, everything, ops, lock_timeout)
+                if mine["lock"]:  # the fleet's lock within what is left of the same bound (the other ranks wait on it)
+                    left = max(0.0, lock_timeout - (time.monotonic() - waited_from))
+                    prof, fleet, mine["why"] = _fleet_lock(prof, everything, ops, left)
                     mine["lock"] = not mine["why"]
             except HwprofileError as exc:
                 mine["error"] = str(exc)
