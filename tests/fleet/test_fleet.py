@@ -370,3 +370,21 @@ def test_show_and_doctor_name_the_remote_layer_and_its_counters(store: Server, m
     finally:
         store.client.execute_command("AUTH", "hunter2")
         store.client.config_set("requirepass", "")
+
+
+def test_a_table_published_after_this_profile_was_resolved_is_read_under_the_lock(gb300: Any, store: Server, tmp_path: Path) -> None:
+    """Another host tuned and released the lock between this profile's resolution and this tune: nothing is measured twice."""
+    from hwprofile import sweep
+    from tests.tune.helpers import FakeTimer
+
+    grid = sweep.default_grid("router_gemm")
+    doc = sweep.run(gb300, "router_gemm", grid, FakeTimer(), box=sweep.box_grid("router_gemm"))
+    other = tmp_path / "other-host" / "router_gemm.toml"
+    other.parent.mkdir()
+    sweep.write(doc, other)
+    assert tuning.publish_tuned(gb300.device, "sm100", "router_gemm", other.read_text())
+    assert hwprofile.profile(0) is gb300  # resolved before the table was published: router_gemm still looks unmeasured
+    timer = FakeTimer()
+    result = hwprofile.tune(0, timer=timer, ops=["router_gemm"])
+    assert timer.calls == [] and not result.skipped and result.plan.grids == {}
+    assert hwprofile.profile(0).explain("router_gemm.model").winner.source.startswith("remote tuned table ")

@@ -28,8 +28,6 @@ publishes; store faults (``errors``). ``hwprofile show`` and ``hwprofile doctor`
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -193,6 +191,9 @@ class FleetLock:
     """One holder across the fleet: ``SET NX PX`` with a token, renewed while held, released only by its holder."""
 
     def __init__(self, store: Store, key: str, ttl_s: float) -> None:
+        import secrets
+        import socket
+
         self.store, self.key, self.ttl_ms = store, key, max(1, int(ttl_s * 1e3))
         self.token = f"pid {os.getpid()} on {socket.gethostname()} ({secrets.token_hex(4)})"
         #: Whether :meth:`acquire` found the lock held by another and waited.

@@ -892,6 +892,8 @@ def add_remote_layers(
     sends shapes to a kernel that cannot take them) is one warning and skipped, never applied; a stale
     one is reported and left unapplied exactly as a stale tuned file is.
     """
+    if _env.REMOTE.read(environ) is None:
+        return  # no store: the first profile() imports nothing more
     from . import _remote
 
     store = _remote.store(environ)
