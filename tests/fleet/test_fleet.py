@@ -99,8 +99,9 @@ def test_two_hosts_one_compiles_and_publishes_the_other_hits(store: Server, tmp_
     site, inc = toy_package(tmp_path / "prefix")
     runs = []
     for name in ("a", "b"):
+        forbid = {_env.NO_COMPILE.name: "1"} if name == "b" else {}  # b: a compile would be an error, not a count
         p = subprocess.run([sys.executable, str(WORKER), "compile", str(site), str(inc)], capture_output=True, text=True,
-                           env=host_env(tmp_path, name, store.url), timeout=300)
+                           env=host_env(tmp_path, name, store.url, **forbid), timeout=300)
         runs.append(output(p))
     a, b = runs
     assert a["pipeline"]["compiles"] == 1 and a["remote"]["cubin"] == {"hits": 0, "misses": 1, "rejected": 0, "publishes": 1}
