@@ -422,7 +422,11 @@ def _fleet_lock(prof: Profile, everything: bool, ops: Sequence[str] | None, time
         )
     # checked again under the lock: a holder may have published (and released) since this profile was resolved, whether
     # this process waited for it or not; only what is still stale is measured
-    prof = profiles._rebuild(prof.device.index)
+    try:
+        prof = profiles._rebuild(prof.device.index)
+    except BaseException:
+        lock.release()  # never left renewing behind a failed resolution
+        raise
     return prof, lock, ""
 
 
