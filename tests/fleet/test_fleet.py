@@ -201,7 +201,7 @@ def toy(store: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
     return spec, compiles
 
 
-@pytest.mark.parametrize("poison", ["garbage", "flipped byte", "another key's entry", "oversized"])
+@pytest.mark.parametrize("poison", ["garbage", "flipped byte", "another key's entry", "oversized", "a list"])
 def test_a_poisoned_cubin_entry_is_skipped_with_one_warning(poison: str, store: Server, toy: tuple[KernelSpec, list[str]],
                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
@@ -215,10 +215,15 @@ def test_a_poisoned_cubin_entry_is_skipped_with_one_warning(poison: str, store: 
         "flipped byte": value[:-1] + bytes([value[-1] ^ 1]),
         "another key's entry": store.client.get(_remote.cubin_key(other.key)),
         "oversized": value,
+        "a list": b"",
     }[poison]
     if poison == "oversized":
         monkeypatch.setattr(_remote, "MAX_CUBIN_BYTES", len(value) - 1)
-    store.client.set(rkey, bad)
+    if poison == "a list":  # not a string at all: the read script fails for this key only
+        store.client.delete(rkey)
+        store.client.rpush(rkey, b"x")
+    else:
+        store.client.set(rkey, bad)
     monkeypatch.setenv(_env.CACHE_DIR.name, str(private(tmp_path / "another-host")))
     hwprofile.reset()
     compiles.clear()
@@ -227,8 +232,10 @@ def test_a_poisoned_cubin_entry_is_skipped_with_one_warning(poison: str, store: 
     assert compiles == [EXPR] and not again.cached and again.cubin == good.cubin  # never loaded: compiled here
     warned = [r.getMessage() for r in caplog.records if rkey in r.getMessage()]
     assert len(warned) == 1, warned
-    assert ("over the" in warned[0]) if poison == "oversized" else ("it is not loaded" in warned[0])
+    why = {"oversized": "over the", "a list": "WRONGTYPE"}.get(poison, "it is not loaded")
+    assert why in warned[0], warned
     assert _remote.counters()["cubin"] == {"hits": 0, "misses": 0, "rejected": 1, "publishes": 1}
+    assert _remote.counters()["errors"] == 0 and (_remote.status() or {})["state"] == "in use"  # one bad value, not a bad store
     assert store.client.get(rkey) == value  # the good entry published over the poisoned one
 
 

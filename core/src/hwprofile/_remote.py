@@ -142,7 +142,7 @@ class Store:
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 self._get(keys=[key], args=[limit], client=pipe)
-            got = pipe.execute()
+            got = pipe.execute(raise_on_error=False)  # a command's own error (a key of another type) comes back in its place
         except Exception as exc:  # noqa: BLE001 - any fault of the store or the client: local-only from now on
             self._fault(f"reading {kind} values", exc)
             return {}
@@ -150,6 +150,11 @@ class Store:
         for key, value in zip(keys, got, strict=True):
             if value is None:
                 _counters.note(kind, "misses")
+            elif isinstance(value, Exception):
+                _counters.note(kind, "rejected")
+                _warn_once(
+                    f"type:{key}", "hwprofile: remote %s entry %s in %s cannot be read (%s); it is skipped", kind, key, self.shown, value,
+                )
             elif isinstance(value, int):
                 _counters.note(kind, "rejected")
                 _warn_once(
