@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -152,15 +153,32 @@ def test_a_killed_lock_holder_costs_one_lock_lifetime(store: Server, tmp_path: P
             time.sleep(0.05)
         waiter = subprocess.Popen([sys.executable, str(WORKER), "tune"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=host_env(tmp_path, "waiter", store.url, HWPROFILE_DEVICE="gb300", FLEET_LOCK_WAIT="60"))
-        time.sleep(3)  # the waiter is waiting for the live holder
-        holder.send_signal(signal.SIGKILL)
-        stdout, stderr = waiter.communicate(timeout=300)
+        lines: list[str] = []
+        waiting = threading.Event()
+
+        def read_stderr() -> None:
+            assert waiter.stderr is not None
+            for line in waiter.stderr:
+                lines.append(line)
+                if "is held in the remote store" in line:
+                    waiting.set()
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        assert waiting.wait(120), "".join(lines)  # the waiter waits for the live holder (which renews its lock) ...
+        time.sleep(1)
+        holder.send_signal(signal.SIGKILL)  # ... until the holder dies
+        assert waiter.stdout is not None
+        stdout = waiter.stdout.read()
+        waiter.wait(timeout=300)
+        reader.join(timeout=10)
     finally:
         holder.kill()
         holder.communicate()
+    stderr = "".join(lines)
     out = output(subprocess.CompletedProcess(waiter.args, waiter.returncode, stdout, stderr))
-    assert out["measured"] > 0 and not out["skipped"] and out["seconds"] < 30, out
-    assert "is held in the remote store" in stderr and "pid" in stderr
+    assert out["measured"] > 0 and not out["skipped"] and out["seconds"] < 30, (out, stderr)
+    assert "pid" in stderr and "waiting up to 60 s" in stderr
 
 
 def test_a_live_holder_past_the_bound_leaves_the_values_in_place(store: Server, monkeypatch: pytest.MonkeyPatch,

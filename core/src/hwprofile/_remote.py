@@ -240,7 +240,7 @@ class FleetLock:
             if not self.waited:
                 self.waited = True
                 log.warning(
-                    "hwprofile: %s is held in the remote store %s by %s (tuning the same SKU on another host); waiting up to %g s "
+                    "hwprofile: %s is held in the remote store %s by %s (tuning the same SKU on another host); waiting up to %.0f s "
                     "for its tables", self.key, self.store.shown, self.holder or "another process", timeout_s,
                 )
             left = deadline - time.monotonic()
