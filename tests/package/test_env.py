@@ -117,6 +117,11 @@ CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     _env.TUNE.name: (
         {"stale": "stale", " Stale ": "stale", "1": "stale", "on": "stale", "off": "off", "0": "off"}, ["", "all", "yes please"]
     ),
+    _env.REMOTE.name: (
+        {"redis://cache:6379": "redis://cache:6379", " rediss://u:pw@cache/1 ": "rediss://u:pw@cache/1", "": None, " ": None},
+        ["cache:6379", "redis://", "http://cache", "redis://cache:http", "redis://cache/one"],
+    ),
+    _env.REMOTE_TIMEOUT.name: ({"1": 1.0, "0.25": 0.25, " 60 ": 60.0}, ["", "0", "-1", "61", "fast"]),
     _env.TRACEBACK.name: ({"1": True, "0": True, "yes please": True, "": False}, []),
     **{v.name: ({**dict.fromkeys(ON, True), **dict.fromkeys(OFF, False)}, BAD_SWITCH) for v in SWITCHES},
 }
@@ -161,7 +166,7 @@ def test_resolving_a_profile_reads_every_control_variable(name: str, text: str) 
 
 
 def test_control_variables_are_known_names() -> None:
-    assert check_environment(dict.fromkeys(NAMES, "1"), ()) == []
+    assert check_environment({**dict.fromkeys(NAMES, "1"), _env.REMOTE.name: "redis://cache:6379"}, ()) == []
 
 
 # --- the variables that are settings -------------------------------------------------------------

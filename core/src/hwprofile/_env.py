@@ -43,7 +43,7 @@ _OFF = frozenset({"0", "false", "no", "off"})
 class Var(Generic[_T]):
     """One control variable: its name, its parser, its default (when unset) and what it is for."""
 
-    __slots__ = ("accepts", "default", "doc", "error", "name", "parser", "setting", "unset")
+    __slots__ = ("accepts", "default", "doc", "error", "name", "parser", "setting", "shown", "unset")
 
     #: ``"HWPROFILE_CACHE"``.
     name: str
@@ -61,13 +61,16 @@ class Var(Generic[_T]):
     error: type[HwprofileError]
     #: The key of the core setting this variable overrides, or ``None`` for a variable that is not a setting.
     setting: str | None
+    #: How a value is quoted in messages: the text itself, or with its secret part hidden (:func:`redact_url`).
+    shown: Callable[[str], str]
 
     def __init__(
         self, name: str, doc: str, accepts: str, parser: Callable[[str], _T], default: _T, *, unset: str = "",
-        error: type[HwprofileError] = SettingError, setting: str | None = None,
+        error: type[HwprofileError] = SettingError, setting: str | None = None, shown: Callable[[str], str] = str,
     ) -> None:
         fields = {
             "name": name, "doc": doc, "accepts": accepts, "parser": parser, "default": default, "error": error, "setting": setting,
+            "shown": shown,
             "unset": unset or (("on" if default else "off") if isinstance(default, bool) else "none"),
         }
         for field, value in fields.items():
@@ -98,7 +101,7 @@ class Var(Generic[_T]):
             hint = empty_hint(self.name, text, f"the default ({self.unset})")
             msg = f"{self.name}={text!r} is not valid: expected {self.accepts}. {hint}"
         else:
-            msg = f"{self.name}={text!r} is not valid: expected {self.accepts} (unset it for the default: {self.unset})"
+            msg = f"{self.name}={self.shown(text)!r} is not valid: expected {self.accepts} (unset it for the default: {self.unset})"
         return self.error(msg)
 
     def __repr__(self) -> str:
@@ -172,6 +175,47 @@ def _tune_mode(text: str) -> str:
     return "stale" if switch(t) else "off"
 
 
+REMOTE_FORMS = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or rediss://... (TLS), as redis-py's from_url takes them"
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the password of a URL's ``user:password@`` replaced by ``***`` (for messages, ``doctor``, ``show``)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    netloc, slash, tail = rest.partition("/")
+    user, at, host = netloc.rpartition("@")
+    if not at or not user:
+        return text
+    name, colon, _password = user.partition(":")
+    return f"{scheme}://{name}{':***' if colon else ''}@{host}{slash}{tail}"
+
+
+def _remote_url(text: str) -> str | None:
+    """A ``redis://`` or ``rediss://`` URL naming a host (port, database number and query optional); ``""`` is none."""
+    from urllib.parse import urlsplit
+
+    t = text.strip()
+    if not t:
+        return None
+    u = urlsplit(t)
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        raise ValueError(text)
+    _ = u.port  # a port that is not a number in range raises ValueError
+    db = u.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(text)
+    return t
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds in (0, 60]."""
+    v = float(text)
+    if not 0 < v <= 60:
+        raise ValueError(text)
+    return v
+
+
 def _present(text: str) -> bool:
     """Any non-empty value is on."""
     return bool(text)
@@ -243,6 +287,18 @@ TUNE: Final[Var[str]] = Var(
     "stale: the first profile() of a real GPU re-measures its stale or unmeasured thresholds before it returns (hwprofile.tune)",
     f"stale, or a switch ({SWITCH_VALUES}; on means stale)", _tune_mode, "off",
 )
+REMOTE: Final[Var[str | None]] = Var(
+    PREFIX + "REMOTE",
+    "a Redis store the hosts of a fleet share cubins and tuned tables through, read after the local layers "
+    "(a miss compiles or tunes here and publishes); docs/fleet.md",
+    REMOTE_FORMS, _remote_url, None, unset="none: every host compiles and tunes on its own", shown=redact_url,
+)
+REMOTE_TIMEOUT: Final[Var[float]] = Var(
+    PREFIX + "REMOTE_TIMEOUT",
+    "seconds one request to the remote store may take (connect, read); a store that does not answer in time is "
+    "one warning, then the process is local-only",
+    "a number of seconds, more than 0 and at most 60", _seconds, 1.0, unset="1 s",
+)
 TRACEBACK: Final[Var[bool]] = Var(
     PREFIX + "TRACEBACK",
     "the hwprofile command shows the traceback of an unexpected error instead of one line",
@@ -252,5 +308,5 @@ TRACEBACK: Final[Var[bool]] = Var(
 #: Every control variable, in the order docs/architecture.md lists them: every reader iterates this.
 VARS: Final[tuple[Var[Any], ...]] = (
     DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, SELFTEST,
-    TUNE, TRACEBACK,
+    TUNE, REMOTE, REMOTE_TIMEOUT, TRACEBACK,
 )

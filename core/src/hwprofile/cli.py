@@ -64,9 +64,13 @@ def show_document(prof: Any) -> dict[str, Any]:
     ``stats`` are the dispatch counters of the process that prints them: ``{}`` from the ``hwprofile``
     program (no op ran there), real counts when an engine calls ``main(["show", "--json"])`` itself.
     """
-    from . import __version__
+    from . import __version__, _remote
 
-    return {"format": SHOW_FORMAT, "hwprofile": __version__, **prof.as_dict()}
+    doc = {"format": SHOW_FORMAT, "hwprofile": __version__, **prof.as_dict()}
+    remote = _remote.status()
+    if remote is not None:  # the fleet store (HWPROFILE_REMOTE): its URL, password hidden, and this process's counters
+        doc["remote"] = remote
+    return doc
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -116,6 +120,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         k = prof.stats.kernel_counts()
         hits = ", ".join(f"{n} from {layer}" for layer, n in k["hits"].items()) or "none"
         print(f"kernels: {k['compiles']} compiled, {k['loads']} loaded, cache hits: {hits}")
+    from . import _remote
+
+    remote = _remote.status()
+    if remote is not None:
+        print(f"\nremote store: {remote['url']} ({_env.REMOTE.name}), {remote['state']}\n  {_remote.describe(remote)}")
     return 0
 
 

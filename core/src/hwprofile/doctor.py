@@ -115,7 +115,7 @@ def _environment(extra: set[str]) -> dict[str, str]:
     out = {}
     for k, v in sorted(os.environ.items()):
         if k.startswith(ENV_PREFIXES) or k in ENV_NAMES or k in extra:
-            out[k] = REDACTED if any(t in k.upper() for t in _SECRET) else v
+            out[k] = REDACTED if any(t in k.upper() for t in _SECRET) else _env.redact_url(v) if k == _env.REMOTE.name else v
     return out
 
 
@@ -303,6 +303,7 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
         out.append(Check("devices", "INFO", f"no NVIDIA GPU ({det.reason}); compile-only use and simulation still work "
                                             f"({_env.DEVICE.name}=h200 hwprofile doctor shows a simulated one)"))
     out.append(_cache_check())
+    out += _remote_check()
     from ._entrypoints import installed_version
 
     bindings = installed_version("cuda-bindings")
@@ -382,6 +383,31 @@ def _cache_check() -> Check:
             f"set {_env.CACHE_DIR.name} to a private directory you can write",
         )
     return Check("kernel cache", "OK", f"{path} (created on the first compile)")
+
+
+def _remote_check() -> list[Check]:
+    """The fleet store, when ``HWPROFILE_REMOTE`` names one: pinged once (bounded); a store that does not answer
+    is a WARN (kernels and tuned tables then stay local), never a FAIL."""
+    from . import _remote
+
+    try:
+        url = _remote.configured()
+    except HwprofileError as exc:
+        return [Check("remote store", "FAIL", str(exc), f"fix or unset {_env.REMOTE.name}")]
+    if url is None:
+        return []
+    shown = _env.redact_url(url)
+    store = _remote.store()
+    if store is None:
+        why = (_remote.status() or {}).get("state", "not used")
+        return [Check("remote store", "WARN", f"{shown}: {why}", _remote.INSTALL if "redis package" in why else "see detail")]
+    try:
+        pong = store.ping()
+    except Exception as exc:  # noqa: BLE001 - any fault of the store or its client is the finding
+        return [Check("remote store", "WARN", f"{shown} does not answer within {store.timeout_s:g} s ({type(exc).__name__}: {exc}): "
+                      "kernels and tuned tables stay local", f"start the server, or fix or unset {_env.REMOTE.name}")]
+    st = _remote.status() or {}
+    return [Check("remote store", "OK", f"{shown}: Redis {pong['version']}, {pong['ms']} ms round trip; {_remote.describe(st)}")]
 
 
 def _short(value: str, limit: int = _LONG) -> str:

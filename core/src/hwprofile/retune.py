@@ -394,6 +394,44 @@ class _HostLock:
             self.lock.release()
 
 
+# --- the fleet lock -------------------------------------------------------------------------------
+
+
+def _fleet_lock(prof: Profile, everything: bool, ops: Sequence[str] | None, timeout_s: float) -> tuple[Profile, Any, str]:
+    """One tuner per SKU and plugin across the hosts sharing a fleet store (``HWPROFILE_REMOTE``).
+
+    Returns ``(profile, lock, why)``: the lock held (to release after publishing) or None, and why
+    this process must not tune (another host still holds the lock after ``timeout_s``), else "".
+    Taken only when something is stale. Once it holds the lock, the process resolves its profile
+    again, reading any table a holder published meanwhile, so it measures only what is still stale
+    (everything, when the holder died: its lock expired, ``_remote.LOCK_TTL_S``). A store that fails
+    is one warning and this process tunes alone.
+    """
+    from . import _remote, profiles, tuning
+
+    store = _remote.store()
+    if store is None or prof.plugin is None or not plan(prof, everything=everything, ops=ops).grids:
+        return prof, None, ""
+    identity = tuning.device_identity(prof.device)
+    lock = store.lock(_remote.tune_lock_key(identity, prof.plugin.name))
+    got = lock.acquire(timeout_s)
+    if got is None:
+        return prof, None, ""
+    if not got:
+        return prof, None, (
+            f"another host ({lock.holder or '?'}) was still tuning {identity} through the remote store {store.shown} after "
+            f"{timeout_s:g} s; the values already there apply"
+        )
+    # checked again under the lock: a holder may have published (and released) since this profile was resolved, whether
+    # this process waited for it or not; only what is still stale is measured
+    try:
+        prof = profiles._rebuild(prof.device.index)
+    except BaseException:
+        lock.release()  # never left renewing behind a failed resolution
+        raise
+    return prof, lock, ""
+
+
 # --- tuning ---------------------------------------------------------------------------------------
 
 
@@ -496,14 +534,20 @@ def tune(
     hello = job.exchange(mine, timeout or 120.0, "their devices")
     leader = next(r for r, h in enumerate(hello) if (h["host"], h["dir"]) == (mine["host"], mine["dir"])) == job.rank
     lock = None
-    mine = {"error": None, "lock": True}
+    fleet: Any = None
+    mine = {"error": None, "lock": True, "why": ""}
     try:
         if leader:
             try:
+                waited_from = time.monotonic()
                 lock = _HostLock(directory, lock_timeout)
                 mine["lock"] = lock.acquire()
                 if lock.waited and mine["lock"]:
                     prof = profiles._rebuild(index)  # the process we waited for may have written fresh tables
+                if mine["lock"]:  # the fleet's lock within what is left of the same bound (the other ranks wait on it)
+                    left = max(0.0, lock_timeout - (time.monotonic() - waited_from))
+                    prof, fleet, mine["why"] = _fleet_lock(prof, everything, ops, left)
+                    mine["lock"] = not mine["why"]
             except HwprofileError as exc:
                 mine["error"] = str(exc)
         if mine["error"] is None:
@@ -524,8 +568,9 @@ def tune(
         job.check(got, "planning")
         if not all(g["lock"] for g in got):
             held = [r for r, g in enumerate(got) if not g["lock"]]
-            why = (f"another process on the host of rank(s) {', '.join(map(str, held))} was still tuning after {lock_timeout:g} s; "
-                   "the values already there apply")
+            why = next((g["why"] for g in got if g.get("why")), "") or (
+                f"another process on the host of rank(s) {', '.join(map(str, held))} was still tuning after {lock_timeout:g} s; "
+                "the values already there apply")
             log.warning("hwprofile tune: %s", why)
             return TuneResult(index, p, skipped=why, ranks=job.size, seconds=time.perf_counter() - t0, profile=prof)
         # the same work on every rank of a SKU: the union of what any of them found stale
@@ -569,6 +614,8 @@ def tune(
                 target = directory / f"{op}.toml"
                 sweep.write(doc, target)
                 result.written.append(target)
+                if leader and prof.plugin is not None:  # the other hosts of this SKU read it instead of tuning
+                    tuning.publish_tuned(prof.device, prof.plugin.name, op, target.read_text(encoding="utf-8"))
                 result.changes[op] = {
                     key: (prof[key], value) for key, value in doc["thresholds"].items() if key in prof.settings and prof[key] != value
                 }
@@ -580,6 +627,8 @@ def tune(
         job.check(got, "writing the tuned files", "every file is whole (old or new); " + (
             f"written before the failure: {', '.join(written)}" if written else "no tuned file was changed"))
     finally:
+        if fleet is not None:
+            fleet.release()
         if lock is not None:
             lock.release()
     result.profile = profiles._rebuild(index)

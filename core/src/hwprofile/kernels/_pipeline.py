@@ -12,6 +12,10 @@ escape :func:`load`, what ops call, as anything but a
 :class:`~hwprofile.errors.KernelError`: ops turn that into the one documented warning and the
 torch fallback, so no cache or toolchain fault reaches an engine.
 
+Lookup order: the in-process memo, the local cache layers, the fleet store (``HWPROFILE_REMOTE``:
+a verified hit is written to the local write layer), then NVRTC, whose result is written locally and
+published to the store (best effort).
+
 In-process memos (compiled kernels, loaded functions) are keyed by the cache key, a hash of every
 compile input, and cleared by ``hwprofile.reset()``.
 
@@ -30,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import _env, _state
+from .. import _env, _remote, _state
 from ..errors import HwprofileError, KernelError, ToolchainError
 from . import cache as kcache
 from . import toolchain
@@ -221,6 +225,16 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
         _note(record, COMPILE)
         return CompiledKernel(key, target, cubin, lowered, text, cached=False)
 
+    def fetch_or_build() -> CompiledKernel:
+        """The fleet store after the local layers: a verified hit, else a compile published for the other hosts."""
+        store = _remote_store()
+        got = kcache.read_remote(store, key, target, exprs) if store is not None else None
+        if got is None:
+            got = build()
+            if store is not None:
+                kcache.publish(store, got, doc)
+        return got
+
     if kcache.cache_enabled():
         with kcache.open_layers(create=True) as layers:
             entry = _read_layers(layers, key, target, exprs)
@@ -229,10 +243,10 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
                 with kcache.entry_lock(w.fd, w.path, key):
                     entry = kcache.read(w.fd, w.path, key, target, exprs)  # another process may have finished it meanwhile
                     if entry is None:
-                        entry = build()
-                        kcache.write(w.fd, w.path, entry, doc)
+                        entry = fetch_or_build()
+                        kcache.write(w.fd, w.path, entry, doc)  # a remote hit too: this host's next process reads it locally
             elif entry is None:
-                entry = build()
+                entry = fetch_or_build()
         if entry.cached:
             _note(record, HIT, entry.layer)
     else:
@@ -243,6 +257,16 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
     with _memo_lock:
         _memo_compiled[key] = entry
     return entry
+
+
+def _remote_store() -> _remote.Store | None:
+    """The fleet store (``HWPROFILE_REMOTE``), or None; a refused URL is a :class:`CacheError` naming the variable."""
+    from ..errors import CacheError, SettingError
+
+    try:
+        return _remote.store()
+    except SettingError as exc:
+        raise CacheError(str(exc)) from None
 
 
 def _read_layers(layers: kcache.Layers, key: str, target: str, exprs: tuple[str, ...]) -> CompiledKernel | None:

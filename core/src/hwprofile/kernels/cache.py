@@ -42,6 +42,11 @@ Rules (each has a test in ``tests/kernels/test_cache.py``):
   directory nor the entry is writable by group or others. A hit is counted per layer
   (:func:`layer_label`).
 
+* **The fleet store** (``HWPROFILE_REMOTE``, :mod:`hwprofile._remote`) is the last layer, read after
+  every directory: :func:`read_remote` passes its value through :func:`decode` exactly as a file's,
+  and a verified hit is written to the write layer; :func:`publish` puts a compiled entry there in
+  the same format. A value that fails is one warning and a miss, never loaded.
+
 Directory-level faults of a directory ``HWPROFILE_CACHE_DIR`` names (a shared or foreign write
 directory, a file or a symlink, a directory that cannot be created) raise
 :class:`~hwprofile.errors.CacheError`, a :class:`~hwprofile.errors.KernelError`, so ops fall back
@@ -67,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _env, _state
+from .. import _env, _remote, _state
 from .._log import get_logger
 from ..errors import CacheError, SettingError
 from . import toolchain
@@ -548,6 +553,32 @@ def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str
         _warn_once(f"{path}:{problem}", "kernel cache entry %s %s; %s", path, problem, then)
         return None
     return CompiledKernel(entry.key, entry.target, entry.cubin, entry.lowered, entry.log, True, layer=layer_label(dpath, not read_only))
+
+
+def read_remote(store: _remote.Store, key: str, target: str, expressions: Sequence[str]) -> CompiledKernel | None:
+    """The entry of ``key`` in the fleet store, verified by :func:`decode` exactly as a file is, or None.
+
+    A value over :data:`hwprofile._remote.MAX_CUBIN_BYTES` is never transferred; one that fails
+    :func:`decode` (corrupt, another key's, another target's, lacking an instance) is one warning and
+    a miss: the kernel is compiled here and the good entry published over it.
+    """
+    rkey = _remote.cubin_key(key)
+    data = store.get("cubin", rkey, _remote.MAX_CUBIN_BYTES)
+    if data is None:
+        return None
+    entry, problem = decode(data, key, target, expressions)
+    if entry is None:
+        _remote.note("cubin", "rejected")
+        _warn_once(f"remote:{rkey}:{problem}", "remote kernel cache entry %s in %s %s; it is not loaded: compiling here and "
+                   "publishing over it", rkey, store.shown, problem)
+        return None
+    _remote.note("cubin", "hits")
+    return CompiledKernel(entry.key, entry.target, entry.cubin, entry.lowered, entry.log, True, layer=store.label)
+
+
+def publish(store: _remote.Store, compiled: CompiledKernel, doc: Mapping[str, Any]) -> bool:
+    """Put ``compiled`` in the fleet store in the entry format of a file (best effort)."""
+    return store.put("cubin", _remote.cubin_key(compiled.key), encode(compiled, doc))
 
 
 def write(dfd: int, dpath: Path, compiled: CompiledKernel, doc: Mapping[str, Any]) -> bool:
