@@ -100,7 +100,18 @@ def env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
     ops.reset_dispatch()
 
 
-# --- router_gemm: M, N and K bounds of the sweep (sm90: M <= 16, N 256..384, K = 7168) -------------
+#: cost models (``<op>.model``, trend only: ``near=0``) under which one path is predicted faster at every shape
+KERNEL_FASTER = "kernel=0|10:100; fallback=50|10:0.01; near=0; n_weight=4; samples=2"
+FALLBACK_FASTER = "kernel=50|10:0.01; fallback=0|10:100; near=0; n_weight=4; samples=2"
+
+
+def predict(monkeypatch: pytest.MonkeyPatch, op: str, model: str, measured: str = "") -> None:
+    """Pin ``op``'s cost model and per-shape table (the user layer wins), so the expected route is known at every shape:
+    the kernel's limits first, then ``measured``, then ``model``."""
+    env(monkeypatch, **{f"{op}_model": model, f"{op}_measured": measured})
+
+
+# --- router_gemm: the kernel's limits are the only box; inside, measured shapes, then the model -------
 
 
 @pytest.mark.parametrize("m", [1, 6, 16])
@@ -112,22 +123,61 @@ def test_router_inside_the_measured_region_takes_the_kernel(fake: FakeLauncher, 
     assert out.dtype == torch.float32 and out.shape == (m, n)
 
 
-@pytest.mark.parametrize(("m", "n", "k", "gate"), [
+ROUTER_CASES = [
     (17, 256, 7168, "m"),  # above router_gemm.max_tokens
     (4, 255, 7168, "n"), (4, 385, 7168, "n"), (1, 1024, 7168, "n"),  # N outside 256..384
-    (4, 256, 7160, "k"), (4, 256, 7176, "k"), (4, 256, 4096, "k"),  # K other than the measured 7168
-])
-def test_router_outside_the_measured_region_falls_back_and_decide_says_why(fake: FakeLauncher, m: int, n: int, k: int, gate: str) -> None:
+    (4, 256, 7160, "k"), (4, 256, 7176, "k"), (4, 256, 4096, "k"),  # K other than 7168
+]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "gate"), ROUTER_CASES)
+def test_router_outside_the_kernels_limits_falls_back_and_decide_says_why(
+    fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch, m: int, n: int, k: int, gate: str
+) -> None:
+    """Limits set to the old measured box (N 256..384, K = 7168): outside them the fallback, whatever the model predicts."""
+    predict(monkeypatch, "router_gemm", KERNEL_FASTER)
+    env(monkeypatch, router_gemm_min_n="256", router_gemm_max_n="384", router_gemm_min_k="7168", router_gemm_max_k="7168")
     h, w = zeros(m, k), zeros(n, k)
     assert not took_kernel(fake, ops.router_gemm, h, w)
     d = ops.decide("router_gemm", hwprofile.profile(0), m=m, n=n, k=k)
-    assert d.path == "fallback" and d.gate == gate
+    assert (d.path, d.gate, d.basis) == ("fallback", gate, "limit")
     assert {"m": "router_gemm.max_tokens=16", "n": "router_gemm.max_n", "k": "router_gemm.min_k"}[gate] in d.reason
 
 
-def test_router_deepgemm_vocab_width_is_not_measured(fake: FakeLauncher) -> None:
-    d = ops.decide("router_gemm", hwprofile.profile(0), m=1, n=129280, k=7168)  # DeepGEMM's N = 129280 took the kernel before
-    assert d.path == "fallback" and d.gate == "n" and "router_gemm.max_n" in d.reason
+@pytest.mark.parametrize(("m", "n", "k"), [c[:3] for c in ROUTER_CASES if c[3] != "m"])
+def test_router_unmeasured_shape_inside_the_kernels_limits_takes_the_predicted_path(
+    fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch, m: int, n: int, k: int
+) -> None:
+    """The same shapes under the kernel's own limits: the model decides, and decide says it predicted."""
+    prof = hwprofile.profile(0)
+    shipped = ops.decide("router_gemm", prof, m=m, n=n, k=k)  # sm90's model, fitted on the H200 catalog
+    assert shipped.basis == "model" and shipped.reason.startswith("predicted: kernel")
+    assert shipped.kernel_us is not None and shipped.fallback_us is not None
+    assert (shipped.path == "kernel") == (shipped.kernel_us < shipped.fallback_us)
+    for model, path in ((KERNEL_FASTER, "kernel"), (FALLBACK_FASTER, "fallback")):
+        predict(monkeypatch, "router_gemm", model)
+        assert took_kernel(fake, ops.router_gemm, zeros(m, k), zeros(n, k)) == (path == "kernel")
+        d = ops.decide("router_gemm", hwprofile.profile(0), m=m, n=n, k=k)
+        assert (d.path, d.basis, d.gate) == (path, "model", None if path == "kernel" else "model"), d.reason
+
+
+def test_router_deepgemm_vocab_width_is_not_measured(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepGEMM's N = 129280 is inside the kernel's limits but no sweep measured it: decide says the model decided and
+    on what (both predicted times), never that it was measured; a user limit below it holds whatever the model says."""
+    from hwprofile import costmodel
+
+    prof = hwprofile.profile(0)
+    d = ops.decide("router_gemm", prof, m=1, n=129280, k=7168)
+    r = ops._dispatch._Table(prof).routes["router_gemm"]
+    assert (1, 129280, 7168) not in r.measured and r.model is not None
+    p = costmodel.predict(r.model, r.times, 1, 129280, 7168)
+    assert (d.basis, d.kernel_us, d.fallback_us) == ("model", p.kernel_us, p.fallback_us)
+    assert d.path == ("kernel" if p.kernel else "fallback") and "measured at this shape" not in d.reason
+    assert "nearest measured shapes" in d.reason and "router_gemm.model from hwprofile-sm90" in d.reason
+    predict(monkeypatch, "router_gemm", KERNEL_FASTER)
+    env(monkeypatch, router_gemm_max_n="384")
+    d = ops.decide("router_gemm", hwprofile.profile(0), m=1, n=129280, k=7168)
+    assert (d.path, d.gate) == ("fallback", "n") and "router_gemm.max_n" in d.reason
 
 
 def test_router_k_multiple_gate(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,21 +197,33 @@ def test_empty_problems_never_launch_and_decide_does_not_blame_the_threshold(fak
     assert d.gate == "empty" and "max_tokens" not in d.reason and "M=0" in d.reason
 
 
-# --- linear_bf16_fp32 (M <= 8 pinned above; sm90: N 256..4096, K = 7168) ------------------------------
+# --- linear_bf16_fp32 (M <= 8 pinned above; the kernel's limits: N 1..262144, K 8..65536, K % 8) ---------
 
 
-def test_linear_gates(fake: FakeLauncher) -> None:
+def test_linear_gates(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    predict(monkeypatch, "linear_bf16_fp32", KERNEL_FASTER)  # only the limits refuse
     assert took_kernel(fake, ops.linear_bf16_fp32, rand(8, 7168), rand(4096, 7168))
-    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(9, 7168), rand(256, 7168))
-    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 7168), rand(4104, 7168))
-    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 7168), rand(128, 7168))
-    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 4096), rand(256, 4096))
+    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(9, 7168), rand(256, 7168))  # M above max_tokens
+    assert took_kernel(fake, ops.linear_bf16_fp32, rand(4, 7168), rand(4104, 7168))  # no N box but the kernel's
+    assert took_kernel(fake, ops.linear_bf16_fp32, rand(4, 7168), rand(128, 7168))
+    assert took_kernel(fake, ops.linear_bf16_fp32, rand(4, 4096), rand(256, 4096))  # nor a K box
+    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 4100), rand(256, 4100))  # K % 8: 16-byte loads
+    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 4), rand(256, 4))  # K below the kernel's min_k
+    assert ops.decide("linear_bf16_fp32", hwprofile.profile(0), m=4, n=256, k=4).gate == "k"
+    # the model predicting the fallback: a measured shape still takes what was measured (sm90's sweep: the kernel)
+    predict(monkeypatch, "linear_bf16_fp32", FALLBACK_FASTER, measured="8x4096x7168=kernel:17.754/20.803")
+    assert took_kernel(fake, ops.linear_bf16_fp32, rand(8, 7168), rand(4096, 7168))
+    assert not took_kernel(fake, ops.linear_bf16_fp32, rand(4, 7168), rand(4096, 7168))
+    d = ops.decide("linear_bf16_fp32", hwprofile.profile(0), m=4, n=4096, k=7168)
+    assert (d.gate, d.basis) == ("model", "model")
 
 
-# --- gemv (box pinned above: N 64..12288, K 512..4096, K % 8, N % 8, M = 1) ----------------------------
+# --- gemv (limits pinned: N 64..12288, K 512..4096, K % 8, N % 8, M = 1) ----------------------------------
 
 
 def test_gemv_gates(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    predict(monkeypatch, "gemv", KERNEL_FASTER)  # only the limits refuse
+    env(monkeypatch, gemv_min_k="512")
     assert took_kernel(fake, ops.gemv, rand(1, 4096), rand(4096, 4096))
     assert took_kernel(fake, ops.gemv, rand(4096), rand(2048, 4096))  # [K] -> [N]: M = 1
     assert not took_kernel(fake, ops.gemv, rand(2, 4096), rand(4096, 4096))  # M = 2
@@ -178,6 +240,24 @@ def test_gemv_gates(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None
     assert not took_kernel(fake, ops.gemv, rand(1, 4096), rand(2048, 4096))  # inside the roof gap
     assert ops.decide("gemv", hwprofile.profile(0), m=1, n=2048, k=4096).gate == "roof"
     assert took_kernel(fake, ops.gemv, rand(1, 4096), rand(4096, 4096))  # the gap ends before 4096
+
+
+def test_measured_shapes_decide_first_then_the_model(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the kernel's limits: a shape of ``<op>.measured`` takes the path measured there, any other the model's."""
+    table = "1x2048x4096=fallback:9.5/8.1; 1x4096x4096=kernel:11.9/14.0"
+    predict(monkeypatch, "gemv", KERNEL_FASTER, measured=table)
+    assert not took_kernel(fake, ops.gemv, rand(1, 4096), rand(2048, 4096))
+    d = ops.decide("gemv", hwprofile.profile(0), m=1, n=2048, k=4096)
+    assert (d.path, d.gate, d.basis, d.kernel_us, d.fallback_us) == ("fallback", "measured", "measured", 9.5, 8.1)
+    assert took_kernel(fake, ops.gemv, rand(1, 4096), rand(4096, 4096))
+    assert took_kernel(fake, ops.gemv, rand(1, 4096), rand(2056, 4096))  # next to it, unmeasured: the model
+    predict(monkeypatch, "gemv", FALLBACK_FASTER, measured=table)
+    assert took_kernel(fake, ops.gemv, rand(1, 4096), rand(4096, 4096))  # measured: the kernel, whatever the model says
+    assert not took_kernel(fake, ops.gemv, rand(1, 4096), rand(2056, 4096))
+    assert ops.decide("gemv", hwprofile.profile(0), m=1, n=2056, k=4096).gate == "model"
+    predict(monkeypatch, "gemv", "")  # no model at all: nothing predicts the kernel faster
+    d = ops.decide("gemv", hwprofile.profile(0), m=1, n=2056, k=4096)
+    assert (d.path, d.gate) == ("fallback", "model") and "no cost model (gemv.model is empty" in d.reason
 
 
 # --- fp8_gemv -------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hwprofile
-from hwprofile import ops
+from hwprofile import costmodel, ops, tuning
 from hwprofile.optable import OPS
 
 torch = pytest.importorskip("torch")
@@ -78,7 +78,7 @@ def test_bad_inputs_are_clear_errors() -> None:
         ops.gemv([1.0], w)  # type: ignore[arg-type]
 
 
-# --- dispatch decisions, as the thresholds say -----------------------------------------------------
+# --- dispatch decisions: the kernel's limits, then measured shapes, then the cost model -----
 
 
 def test_router_decision_follows_threshold(arch: hwprofile.Profile) -> None:
@@ -98,36 +98,60 @@ def test_router_threshold_moves_with_user_env(monkeypatch: pytest.MonkeyPatch) -
     assert [ops.decide("router_gemm", p, m=m, n=256, k=7168).path for m in (4, 5)] == ["kernel", "fallback"]
 
 
-@pytest.mark.parametrize(
-    ("n", "k", "path"),
-    [
-        (2048, 7168, "kernel"),
-        (4096, 4096, "kernel"),
-        (7168, 2048, "fallback"),
-        (7168, 16384, "fallback"),
-        (12288, 4096, "fallback"),
-        (4104, 4096, "fallback"),
-        (4096, 7680, "fallback"),
-        (28672, 4096, "fallback"),
-        (57344, 7168, "fallback"),
-        (152064, 5120, "fallback"),
-        (2048, 3584, "kernel"),
-        (2048, 3000, "kernel"),  # K % 8: the kernel's 16-byte loads
-        (2048, 2880, "kernel"),
-        (2048, 3004, "fallback"),
-        (2048, 256, "fallback"),
-        (2050, 4096, "fallback"),
-        (64, 512, "kernel"),
-        (56, 512, "fallback"),
-        (7168, 4608, "fallback"),
-    ],
-)
-def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch, n: int, k: int, path: str) -> None:
+def _hopper(monkeypatch: pytest.MonkeyPatch) -> hwprofile.Profile:
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
-    p = hwprofile.profile(0)
-    assert ops.decide("gemv", p, m=1, n=n, k=k).path == path
-    assert ops.decide("gemv", p, m=2, n=n, k=k).path == "fallback"
+    return hwprofile.profile(0)
+
+
+def _measured_or_predicted(p: hwprofile.Profile, op: str, m: int, n: int, k: int) -> tuple[str, str, float | None, float]:
+    """(basis, path, kernel µs, fallback µs) the profile's own ``<op>.measured`` and ``<op>.model`` give at a shape inside
+    the kernel's limits: the measured decision if the sweep measured the shape, else the faster predicted path."""
+    table = tuning.parse_measured(op, p[tuning.measured_key(op)], where="the profile")
+    hit = table.get((m, n, k))
+    if hit is not None:
+        return "measured", "kernel" if hit.kernel else "fallback", hit.kernel_us, hit.fallback_us
+    model = costmodel.parse(op, p[costmodel.model_key(op)], where="the profile")
+    pred = costmodel.predict(model, {s: (d.kernel_us, d.fallback_us) for s, d in table.items()}, m, n, k)
+    return "model", "kernel" if pred.kernel else "fallback", pred.kernel_us, pred.fallback_us
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "limit"),  # limit: the kernel limit that refuses the shape at M = 1 (None: inside the kernel's limits)
+    [
+        (2048, 7168, None),
+        (4096, 4096, None),
+        (7168, 2048, None),
+        (7168, 16384, None),
+        (12288, 4096, None),  # the old roof range: no longer a box, the sweep's measurement decides
+        (4104, 4096, None),
+        (4096, 7680, None),
+        (28672, 4096, None),
+        (57344, 7168, None),
+        (152064, 5120, None),
+        (2048, 3584, None),
+        (2048, 3000, None),  # K % 8: the kernel's 16-byte loads
+        (2048, 2880, None),
+        (2048, 3004, "k_multiple"),
+        (2048, 256, None),  # no K box: the kernel's limit is one 16-byte load
+        (2050, 4096, "n_multiple"),
+        (64, 512, None),
+        (56, 512, "n"),
+        (7168, 4608, None),
+    ],
+)
+def test_gemv_predicate_edges_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch, n: int, k: int, limit: str | None) -> None:
+    """sm90 on the H200: the kernel's limits refuse, naming the limit; inside them a shape of the sweep's grid is measured
+    and takes the path measured there, any other shape the faster path sm90's shipped cost model predicts."""
+    p = _hopper(monkeypatch)
+    d = ops.decide("gemv", p, m=1, n=n, k=k)
+    if limit is not None:
+        assert (d.path, d.gate, d.basis) == ("fallback", limit, "limit")
+    else:
+        assert (d.basis, d.path, d.kernel_us, d.fallback_us) == _measured_or_predicted(p, "gemv", 1, n, k), d.reason
+        assert (d.basis == "measured") == ((1, n, k) in OPS["gemv"].grid), "every sweep measures its grid"
+    d = ops.decide("gemv", p, m=2, n=n, k=k)
+    assert (d.path, d.gate) == ("fallback", "m")  # the kernel takes M = 1 only: its first limit
 
 
 def test_fp8_predicate_on_hopper_covers_every_measured_n(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,30 +163,42 @@ def test_fp8_predicate_on_hopper_covers_every_measured_n(no_downstream: None, mo
 
 
 def test_linear_threshold_on_hopper(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
-    hwprofile.reset()
-    p = hwprofile.profile(0)
-    assert ops.decide("linear_bf16_fp32", p, m=8, n=4096, k=7168).path == "kernel"
-    assert ops.decide("linear_bf16_fp32", p, m=16, n=4096, k=7168).path == "kernel"  # sweep: the kernel wins at every M to 16
-    assert ops.decide("linear_bf16_fp32", p, m=17, n=256, k=7168).path == "fallback"
-    assert ops.decide("linear_bf16_fp32", p, m=4, n=8192, k=7168).path == "fallback"
+    p = _hopper(monkeypatch)
+    assert p["linear_bf16_fp32.max_tokens"] == 16  # sm90: the kernel's limit
+    for m in (8, 16):  # sweep: the kernel wins at every M to 16
+        d = ops.decide("linear_bf16_fp32", p, m=m, n=4096, k=7168)
+        assert (d.path, d.basis) == ("kernel", "measured"), d.reason
+    d = ops.decide("linear_bf16_fp32", p, m=17, n=256, k=7168)
+    assert (d.path, d.gate) == ("fallback", "m")
+    d = ops.decide("linear_bf16_fp32", p, m=4, n=8192, k=7168)  # past the sweep's N: predicted, not measured
+    want = _measured_or_predicted(p, "linear_bf16_fp32", 4, 8192, 7168)
+    assert want[0] == "model" and (d.basis, d.path, d.kernel_us, d.fallback_us) == want, d.reason
 
 
-def test_sm120_predicate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sm120_predicate(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sm120 is measured nowhere: the bandwidth rule predicts (a bf16 GEMV ties with cuBLAS, so the fallback; the FP8
+    kernel moves a third of the bytes, so the kernel) and says so; the kernel's limits hold whatever is predicted."""
     monkeypatch.setenv("HWPROFILE_DEVICE", "rtx-pro-6000")
     hwprofile.reset()
     p = hwprofile.profile(0)
-    # the plugin's unmeasured box: what the H200 sweep won (hwprofile_sm120's rule "H200 box")
     top = p["gemv.max_k"]
-    assert ops.decide("gemv", p, m=1, n=4096, k=top).path == "kernel"
+    for k in (4096, top):
+        d = ops.decide("gemv", p, m=1, n=4096, k=k)
+        assert (d.path, d.gate, d.basis) == ("fallback", "model", "model") and d.kernel_us == d.fallback_us
+        assert "predicted, not measured on this SKU" in d.reason
     assert ops.decide("gemv", p, m=1, n=4096, k=top + 8).gate == "k"
-    assert ops.decide("fp8_gemv", p, m=1, n=28672, k=4096).path == "kernel"
-    # a user who raises the bound gets the kernel as far as its planner takes it, the fallback past that
-    monkeypatch.setenv("HWPROFILE_GEMV_MAX_K", "17920")
-    hwprofile.reset()
-    p = hwprofile.profile(0)
-    assert ops.decide("gemv", p, m=1, n=4096, k=17408).path == "kernel"
-    assert ops.decide("gemv", p, m=1, n=4096, k=17920).path == "kernel"  # split-K widens the cluster until x fits
+    d = ops.decide("fp8_gemv", p, m=1, n=28672, k=4096)
+    assert (d.path, d.basis) == ("kernel", "model") and "predicted, not measured on this SKU" in d.reason
+    # a user model predicting the kernel (what 'hwprofile tune' fits where it wins): the kernel as far as the limit
+    # the user sets, whatever split-K says (the kernels stream x, so the planner takes any K), the fallback past it
+    monkeypatch.setenv("HWPROFILE_GEMV_MODEL", "kernel=0|10:100; fallback=50|10:0.01; near=0; n_weight=4; samples=2")
+    monkeypatch.setenv("HWPROFILE_GEMV_MAX_K", "131072")
+    for split in ("0", "1"):
+        monkeypatch.setenv("HWPROFILE_GEMV_SPLIT_K", split)
+        hwprofile.reset()
+        p = hwprofile.profile(0)
+        assert [ops.decide("gemv", p, m=1, n=4096, k=k).path for k in (4096, 17408, 17920, 131072)] == ["kernel"] * 4
+        assert ops.decide("gemv", p, m=1, n=4096, k=131080).gate == "k"
 
 
 def test_no_plugin_means_fallback_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ import pytest
 import hwprofile
 import hwprofile_sm90
 from hwprofile import costmodel, tuning
-from hwprofile.plugin import OPS, Stamp, Value, profile_for, shipped_stamp, simulated_device
+from hwprofile.plugin import OPS, OpDef, Stamp, Value, profile_for, rule_model, shipped_stamp, simulated_device
 
 ROOT = Path(__file__).resolve().parents[3]
 MEASURED = Path(hwprofile_sm90.__file__).parent / "measured"
@@ -73,6 +73,28 @@ def test_an_op_swept_against_an_old_fallback_is_predicted_not_stale(op: str, cap
     assert layer.stamp is None and "not measured on an H200 against today's" in layer.reason
     assert prof[tuning.measured_key(op)] == "", "no per-shape table: nothing measured against this fallback"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "stale" in r.getMessage()]
+
+
+def test_an_op_added_to_the_table_needs_no_change_to_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op the table gained since the H200 run has no measured/OP.toml: the plugin states the bandwidth rule for its model
+    (no stamp: nothing was measured), never a missing-file error; an op that declares no model gets nothing from it."""
+    from hwprofile import optable
+
+    def toy(name: str, settings: tuple[Any, ...]) -> OpDef:
+        return OpDef(name, "toy", args=("x", "w"), w_dtype="bfloat16", out_dtype="float32", fallback="f", max_m=16, min_n=1,
+                     max_n=4096, min_k=8, max_k=8192, threshold="max_tokens", grid=((1, 256, 512),), settings=settings)
+
+    modelled = toy("toy_op", ((costmodel.model_key("toy_op"), "str", "", "its cost model", True, None, None),))
+    for d in (modelled, toy("toy_bare", ())):
+        monkeypatch.setitem(OPS, d.name, d)
+        monkeypatch.setitem(optable.TABLE, d.name, d)
+    hwprofile.reset()
+    values = shipped()
+    got, rule = values["toy_op.model"], rule_model("toy_op", H200, sku=H200.name)
+    assert (got.value, got.reason, got.stamp) == (rule.value, rule.reason, None)
+    assert "not measured on NVIDIA H200" in got.reason and not (MEASURED / "toy_op.toml").exists()
+    assert not [k for k in values if k.startswith(("toy_bare.", "toy_op.measured"))]
+    assert sorted({v.stamp.op for v in stamped().values() if v.stamp is not None}) == SHIPPED, "the shipped files, unchanged"
 
 
 @pytest.mark.parametrize("op", SHIPPED)

@@ -7,6 +7,7 @@ benchmarks/RESULTS.md); each carries the stamp of its sweep, shipped in measured
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hwprofile.plugin import OPS, ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Value, hookimpl, rule_model, shipped_values
@@ -27,6 +28,7 @@ def hwprofile_arch() -> ArchSpec:
 # changes, hwprofile reports that op's values stale at run time, as it does when the device generation, this plugin,
 # the kernel source, its launch plan or, on a real GPU, the major.minor of the fallback's libraries change. The
 # kernels' limits (what they take) are the op table's; inside them the measured shapes and the model decide.
+# An op of the table with no file here (added since that run, or the gate) is predicted by the bandwidth rule until swept.
 
 
 #: ops whose H200 sweep measured a fallback hwprofile has since replaced, with what was measured: a shipped table would
@@ -38,6 +40,9 @@ PREDICTED = {
 }
 
 
+MEASURED = Path(__file__).with_name("measured")  #: the shipped sweep files, measured/OP.toml
+
+
 def _measured(op: str) -> dict[str, Value]:
     """``op``'s per-shape table and cost model from ``measured/OP.toml``, with its stamp (read on the first call)."""
     return shipped_values(__name__, f"measured/{op}.toml", op, "the H200 catalog sweep (measured/ says which run)")
@@ -46,11 +51,14 @@ def _measured(op: str) -> dict[str, Value]:
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for op in OPS:  # a shipped sweep per op of the table, but those re-measured only after a fallback change
+    for op, d in OPS.items():  # the op table's ops, whichever it holds: a new op needs no change here
         if op in PREDICTED:
             out[f"{op}.model"] = rule_model(op, device, sku=PREDICTED[op])
-        else:
+        elif (MEASURED / f"{op}.toml").is_file():
             out.update(_measured(op))
+        elif any(s[0] == f"{op}.model" for s in d.settings):
+            # not swept on the H200 (an op added to the table since): the bandwidth rule, as for the gate below
+            out[f"{op}.model"] = rule_model(op, device, sku=device.name)
     return {
         **out,
         # the fused gate is not swept yet: its model is the bandwidth rule at the device's peak, which
