@@ -260,6 +260,14 @@ def test_measured_shapes_decide_first_then_the_model(fake: FakeLauncher, monkeyp
     assert (d.path, d.gate) == ("fallback", "model") and "no cost model (gemv.model is empty" in d.reason
 
 
+def test_a_model_the_user_set_is_named_as_theirs_not_as_a_default(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model from HWPROFILE_<OP>_MODEL is nobody's default and was fitted on no SKU hwprofile knows of."""
+    predict(monkeypatch, "gemv", KERNEL_FASTER)
+    d = ops.decide("gemv", hwprofile.profile(0), m=1, n=2056, k=4096)
+    assert d.basis == "model" and "gemv.model set by the user (environment HWPROFILE_GEMV_MODEL), unstamped" in d.reason
+    assert "default" not in d.reason and "not measured on this SKU" not in d.reason
+
+
 # --- fp8_gemv -------------------------------------------------------------------------------------------
 
 

@@ -250,6 +250,8 @@ def _model_basis(prof: Profile, key: str, winner: Any) -> str:
         return f"{key} from {winner.source}, fitted on {stamp.device} ({stamp.date or 'undated'})"
     if isinstance(stamp, tuning.Stamp):
         return f"predicted, not measured on this SKU: {key} from {winner.source} was fitted on {stamp.device}"
+    if getattr(winner, "kind", None) == "env":  # the user's own model: theirs to vouch for, nobody's default
+        return f"{key} set by the user ({winner.source}), unstamped"
     why = f" ({winner.reason})" if getattr(winner, "reason", "") else ""
     return f"predicted, not measured on this SKU: {key} is {winner.source}'s default{why}"
 
