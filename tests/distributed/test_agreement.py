@@ -5,6 +5,7 @@ The transport (gloo across processes, the bring-up command, timeouts) is in test
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pytest
 import hwprofile
 from hwprofile import device as _device
 from hwprofile.errors import AgreementError, HwprofileError
+from hwprofile.optable import TABLE
+from hwprofile.plugin import rule_model
 from hwprofile.profiles import Profile, build_profile
 from hwprofile.registry import Registry
 from tests.conftest import tuned_toml
@@ -225,7 +228,8 @@ def test_mixed_allow_compares_values_never_provenance() -> None:
         if k.startswith("setting.") and k in plain[1].entries and e.value != plain[1].entries[k].value and e.source.startswith("arch")
     )
     var = "HWPROFILE_" + key.removeprefix("setting.").replace(".", "_").upper()
-    override = summary(1, {var: plain[0].entries[key].value}, sim="h200")
+    text = plain[0].entries[key].value  # canonical text: a str setting (a cost model) as JSON writes it, the variable holds it bare
+    override = summary(1, {var: json.loads(text) if text.startswith('"') else text}, sim="h200")
     assert override.entries[key].source.startswith("env")  # the same value from another layer
     ranks = [plain[0], override, *plain[1:]]
     assert hd.compare(ranks, "allow")[0] == []
@@ -237,9 +241,20 @@ def test_mixed_allow_compares_values_never_provenance() -> None:
 
 
 def test_mixed_models_of_one_architecture() -> None:
-    """H100 and H200 share the sm90 plugin: only the model's name differs."""
+    """H100 and H200 share the sm90 plugin: besides the model's name, only what it derives from each card's peak bandwidth
+    differs: the cost models it states by the bandwidth rule (``hwprofile.plugin.rule_model``), which predict each card's
+    own times and so may route differently. Those are device keys: ``mixed="allow"`` compares them among ranks of one model."""
     ranks = [summary(0, sim="h100"), summary(1, sim="h200")]
-    assert keys(hd.compare(ranks, "error")[0]) == ["device.name"]
+    profs = [resolve(environment(sim, None)) for sim in ("h100", "h200")]
+    # the ops whose model is the bandwidth rule on both cards (found, not assumed: a re-sweep ships a measured model)
+    ruled = [op for op in TABLE if all(p[f"{op}.model"] == rule_model(op, p.device, sku="-").value for p in profs)]
+    assert "moe_gate" in ruled  # the fused gate is not swept yet
+    diffs = hd.compare(ranks, "error")[0]
+    assert sorted(keys(diffs)) == sorted(["device.name", *(f"setting.{op}.model" for op in ruled)])
+    for d in diffs:
+        if d.key != "device.name":  # each rank holds its own card's rule
+            op = d.key.removeprefix("setting.").removesuffix(".model")
+            assert d.values() == {json.dumps(rule_model(op, p.device, sku="-").value): (r,) for r, p in enumerate(profs)}
     assert hd.compare(ranks, "allow")[0] == []
 
 

@@ -1,6 +1,6 @@
 """ops.moe_gate: the DeepSeek-V3 / Kimi-K2 gate step against a float64 reference written from the rules, the
 transformers DeepseekV3TopkRouter rules, tie-breaking, errors, batch dims, torch.compile, gradients, the kernel
-path of its GEMM (CPU seam) and the GPU.
+path (GEMM and selection in one fused launch, CPU seam) and the GPU.
 
 Peer-derived settings (facts of SGLang's test_moe_fused_gate.py, vLLM's grouped-topk tests and FlashInfer's
 fused routing tests): (N, n_group, topk_group, top_k) = (256, 8, 4, 8) DeepSeek-V3, (128, 4, 2, 4),
@@ -22,6 +22,7 @@ from hwprofile._env import DEVICE
 from .reference import decisive
 from .reference import moe_gate as reference
 from .test_gates import FakeLauncher, fake  # noqa: F401 - the fixture, shared
+from .test_moe_gate_route import GateFake, gate  # noqa: F401 - the fixture, shared
 
 torch = pytest.importorskip("torch")
 ops.register()
@@ -141,7 +142,7 @@ def test_bias_errors() -> None:
         ops.moe_gate(h, w, b.bfloat16(), top_k=8)
     with pytest.raises(ValueError, match="moe_gate: bias requires grad"):
         ops.moe_gate(h, w, b.requires_grad_(), top_k=8)
-    with pytest.raises(ValueError, match="router_gemm: hidden must be torch.bfloat16"):
+    with pytest.raises(ValueError, match="moe_gate: hidden must be torch.bfloat16"):
         ops.moe_gate(h.float(), w, None, top_k=8)
 
 
@@ -178,11 +179,11 @@ def test_gradients_of_the_weights_match_float64() -> None:
         assert float((got.double() - ref).norm() / ref.norm()) < 4e-3
 
 
-def test_its_gemm_takes_the_router_kernel(fake: FakeLauncher) -> None:  # noqa: F811
-    """On the simulated H200 (CPU seam) the gate's GEMM is router_gemm's kernel in its region, then the selection kernel."""
+def test_its_gemm_and_selection_are_one_fused_launch(fake: FakeLauncher, gate: GateFake) -> None:  # noqa: F811
+    """On the simulated H200 (CPU seam) the gate at DeepSeek-V3's router shape is the fused kernel alone: no router_gemm launch."""
     h, w, b = gate_inputs(4, 256, k=7168)
     ids, weights = ops.moe_gate(h, w, b, top_k=8, n_group=8, topk_group=4)
-    assert fake.calls == [("router_gemm", 4, 256, 7168, 0), ("moe_gate", 4, 256, 8, 8)]
+    assert fake.calls == [] and [c[:7] for c in gate.calls] == [("moe_gate", 4, 256, 7168, 8, 4, 8)]
     ref_ids, ref_w = reference(h.double() @ w.double().t(), b, 8, 4, 8, True, 1.0)
     rows = decisive(h.double() @ w.double().t(), b, 8, 4, 8, margin=1e-5)
     assert torch.equal(ids[rows], ref_ids[rows])

@@ -65,6 +65,8 @@ Measured thresholds:
   ``Value`` carrying that stamp (the per-shape table and the cost model a sweep wrote).
 * ``unmeasured_settings(device, sku=, split_k_reason=)``: what a plugin of an unmeasured SKU states
   (the cost model's bandwidth-rule defaults, split-K), each saying "not measured on" the SKU.
+* ``rule_model(op, device, sku=)``: one op's ``<op>.model`` by that bandwidth rule at ``device``'s peak
+  bandwidth, for a plugin that measured some ops on its SKU but not ``op`` (sm90's gate, ``PREDICTED``).
 
 For a plugin's tests:
 

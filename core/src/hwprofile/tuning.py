@@ -49,7 +49,7 @@ from ._entrypoints import installed_version
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import SettingError
-from .optable import OPS
+from .optable import OPS, TABLE, GateDef
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
@@ -213,7 +213,7 @@ def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
     # memory; else the callable itself), so two devices of one plugin never share a memoised digest
     configure = getattr(spec, "configure", None)
     basis = getattr(configure, "plan_basis", None) or repr(configure)
-    grid = OPS[op].grid
+    grid = TABLE[op].grid
     extra = tuple(sorted(set(shapes) - set(grid)))
     key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
            tuple(getattr(spec, "instances", ())), basis, extra)
@@ -223,10 +223,19 @@ def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
     return found
 
 
+def _plan_args(d: Any, n: int, k: int, mode: int) -> dict[str, int]:
+    """What ``configure`` takes besides (M, N, K, split_k): a scaled op's scale mode; a gate's selection, that of the
+    served router of (N, K) (``GateDef.router_for``, what its grid and benchmark time), since the plan depends on it."""
+    if isinstance(d, GateDef):
+        r = d.router_for(n, k)
+        return {"n_group": r.n_group, "topk_group": r.topk_group, "top_k": r.top_k}
+    return {"scale": mode} if d.scaled else {}
+
+
 def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
     import hashlib
 
-    d = OPS[op]
+    d = TABLE[op]
     h = hashlib.sha256()
     basis = getattr(spec.configure, "plan_basis", None)  # what the plan was computed for (hwprofile.plugin.Planner)
     if basis:
@@ -235,7 +244,7 @@ def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
         for split_k in (True, False):
             for mode in d.scale_modes:
                 try:
-                    la = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if d.scaled else {}))
+                    la = spec.configure(m=m, n=n, k=k, split_k=split_k, **_plan_args(d, n, k, mode))
                     item: tuple[Any, ...] = (
                         str(la.name_expression), tuple(map(int, la.grid)), tuple(map(int, la.block)), int(la.shared_bytes), bool(la.pdl)
                     )
@@ -347,15 +356,15 @@ def uncovered(table: Mapping[Shape, Measured], stamp: Stamp) -> list[Shape]:
     """The shapes of ``table`` that ``stamp``'s plan digest does not cover (neither its op's grid nor
     ``stamp.shapes``): a plan change there would go unseen. None when the stamp records no plan
     (then the plan is "cannot tell" for every shape)."""
-    if not stamp.plan or stamp.op not in OPS:
+    if not stamp.plan or stamp.op not in TABLE:
         return []
-    covered = set(OPS[stamp.op].grid) | set(stamp.shapes)
+    covered = set(TABLE[stamp.op].grid) | set(stamp.shapes)
     return sorted(s for s in table if s not in covered)
 
 
 def beyond_limits(op: str, shape: Shape) -> str:
     """Why the op table says ``op``'s kernels cannot take ``shape`` (``""``: they can), in words."""
-    d = OPS[op]
+    d = TABLE[op]
     m, n, k = shape
     max_m = d.max_m if isinstance(d.max_m, int) else _setting_max(d, d.max_m)
     if m > max_m:
@@ -402,7 +411,7 @@ def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shap
     Each is tried with and without split-K and in every scale mode: a decision that sends a shape
     to a kernel that refuses it would fail at the first call (or run a wrong launch).
     """
-    d = OPS[op]
+    d = TABLE[op]
     bad: dict[Shape, str] = {}
     for (m, n, k), dec in sorted(table.items()):
         if not dec.kernel:
@@ -410,7 +419,7 @@ def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shap
         for split_k in (False, True):
             for mode in d.scale_modes:
                 try:
-                    spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if d.scaled else {}))
+                    spec.configure(m=m, n=n, k=k, split_k=split_k, **_plan_args(d, n, k, mode))
                 except RecursionError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a refusal is what is being asked about
