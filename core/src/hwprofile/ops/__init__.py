@@ -163,7 +163,8 @@ def run_kernel(op: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, sca
     m, n, k, mode = _kernel.check_operands(op, idx, _dispatch._cpu_index, out, x, w, scale)
     t = _dispatch.table(idx)
     if op not in t.prof.kernels:
-        raise HwprofileError(f"{op}: {t.prof.plugin.name if t.prof.plugin else 'no architecture plugin'} provides no kernel on cuda:{idx}")
+        who = f"{t.prof.plugin.name} provides no kernel" if t.prof.plugin else "no architecture plugin serves the device, so no kernel"
+        raise HwprofileError(f"{op}: {who} on cuda:{idx}")
     return _kernel.launch(t, op, out, x, w, scale, m, n, k, mode, split_k)
 
 

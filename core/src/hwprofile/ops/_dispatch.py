@@ -296,6 +296,8 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
     if gate == "deterministic":
         return f"deterministic mode ({_env.DETERMINISTIC.name}) keeps ops on their fallback"
     if gate == "no_kernel":
+        if r.who == "no architecture plugin":
+            return f"no architecture plugin serves this device, so no {op.name} kernel"
         return f"{r.who} provides no {op.name} kernel for this device"
     if gate == "failed":
         strict = _env.STRICT.name
