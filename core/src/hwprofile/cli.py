@@ -17,7 +17,7 @@ from typing import Any
 from . import _env
 from ._text import table
 from .errors import DeviceError, HwprofileError, ToolchainError
-from .optable import OPS
+from .optable import OPS, TABLE
 
 
 def _fmt(v: Any, key: str = "") -> str:
@@ -239,10 +239,10 @@ class _VersionAction(argparse.Action):
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.list and args.key is not None:
         raise HwprofileError(f"explain takes a KEY or --list, not both (got {args.key!r} and --list)")
-    if args.shape is not None and args.key not in OPS:
-        raise HwprofileError(f"--shape explains an op's decision: give an op ({', '.join(OPS)}) as KEY, got {args.key!r}")
+    if args.shape is not None and args.key not in TABLE:
+        raise HwprofileError(f"--shape explains an op's decision: give an op ({', '.join(TABLE)}) as KEY, got {args.key!r}")
     prof = _profile(args)
-    if args.key in OPS:
+    if args.key in TABLE:
         return _explain_decision(prof, args)
     if args.list or args.key is None:
         if args.json:
@@ -379,15 +379,32 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         m, n, k = (int(x) for x in args.shape.lower().split("x"))
     except ValueError:
         raise HwprofileError(f"--shape {args.shape!r}: write it as MxNxK with integers (e.g. 1x4096x7168)") from None
+    if min(m, n, k) < 0:
+        raise HwprofileError(f"--shape {args.shape!r}: M, N and K must be >= 0")
     d = decide(args.key, prof, m=m, n=n, k=k)
     if args.json:
-        doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}
+        doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason,
+               "kernel_us": d.kernel_us, "fallback_us": d.fallback_us}
         print(json.dumps(doc, indent=2))
         return 0
-    what = {"measured": "measured at this shape", "rule": "box rule", "fixed": "no choice"}[d.basis]
+    what = _BASIS_WORDS.get(d.basis, d.basis)
     print(f"{d.op} at M={m} N={n} K={k}: {d.path}   ({what})")
+    if d.kernel_us is not None or d.fallback_us is not None:
+        how = "measured" if d.basis == "measured" else "predicted"
+        kern = "-" if d.kernel_us is None else f"{d.kernel_us:.3g} µs"
+        fb = "-" if d.fallback_us is None else f"{d.fallback_us:.3g} µs"
+        print(f"  {how}: kernel {kern}, fallback {fb}")
     print(f"  {d.reason}")
     return 0
+
+
+#: ``Decision.basis`` in the words ``explain OP --shape`` prints
+_BASIS_WORDS = {
+    "measured": "measured at this shape",
+    "model": "cost model",
+    "limit": "kernel limit",
+    "fixed": "no choice",
+}
 
 
 def cmd_env(args: argparse.Namespace) -> int:

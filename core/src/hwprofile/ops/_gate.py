@@ -148,7 +148,9 @@ def decide(prof: Profile, *, m: int, n: int, k: int, n_group: int = 1, topk_grou
         t = _dispatch._Table(prof)
     gate, _, words = route_gate(t, m, n, k, n_group, topk_group, top_k)
     r = _route_of(t)
-    return _dispatch.Decision(OP, "kernel" if gate is None else "fallback", words, gate, _dispatch.basis(r, gate, m, n, k))
+    kernel_us, fallback_us = _dispatch.times(r, gate, m, n, k)
+    return _dispatch.Decision(OP, "kernel" if gate is None else "fallback", words, gate, _dispatch.basis(r, gate, m, n, k),
+                              kernel_us, fallback_us)
 
 
 def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, str | None, Any]:
