@@ -17,7 +17,7 @@ from typing import Any
 from . import _env
 from ._text import table
 from .errors import DeviceError, HwprofileError, ToolchainError
-from .optable import OPS, TABLE
+from .optable import TABLE
 
 
 def _fmt(v: Any, key: str = "") -> str:
@@ -1120,7 +1120,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--package-name", default="hwprofile-cubins", help="distribution name of --package (default: hwprofile-cubins)")
     s.set_defaults(fn=cmd_compile)
     s = sub.add_parser("sweep", parents=[device], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
-    s.add_argument("op", choices=list(OPS))
+    s.add_argument("op", choices=list(TABLE))
     s.add_argument("--m", help="tokens: 1..16 or 1,2,4 (router_gemm, linear_bf16_fp32)")
     s.add_argument("--n", help="output features: 256,384 or a range")
     s.add_argument("--k", help="input features")

@@ -49,7 +49,7 @@ from ._entrypoints import installed_version
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import SettingError
-from .optable import OPS
+from .optable import TABLE
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
@@ -84,7 +84,7 @@ def fallback_identity(op: str) -> dict[str, str]:
     """What decides which library kernel the op's fallback runs, read from package metadata."""
     cublas = installed_version(*_CUBLAS_DISTS) or "unknown"
     return {
-        "function": OPS[op].fallback,  # the op table at call time, not a copy taken at import
+        "function": TABLE[op].fallback,  # the op table at call time, not a copy taken at import
         "torch": installed_version("torch") or "not installed",
         "cublas": cublas,
         "cublaslt": cublas,  # shipped in the same wheel as cuBLAS
@@ -213,7 +213,7 @@ def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
     # memory; else the callable itself), so two devices of one plugin never share a memoised digest
     configure = getattr(spec, "configure", None)
     basis = getattr(configure, "plan_basis", None) or repr(configure)
-    grid = OPS[op].grid
+    grid = TABLE[op].grid
     extra = tuple(sorted(set(shapes) - set(grid)))
     key = (op, getattr(spec, "plugin", None), getattr(spec, "package", None), getattr(spec, "source", None),
            tuple(getattr(spec, "instances", ())), basis, extra)
@@ -226,7 +226,7 @@ def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
 def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
     import hashlib
 
-    d = OPS[op]
+    d = TABLE[op]
     h = hashlib.sha256()
     basis = getattr(spec.configure, "plan_basis", None)  # what the plan was computed for (hwprofile.plugin.Planner)
     if basis:
@@ -347,15 +347,15 @@ def uncovered(table: Mapping[Shape, Measured], stamp: Stamp) -> list[Shape]:
     """The shapes of ``table`` that ``stamp``'s plan digest does not cover (neither its op's grid nor
     ``stamp.shapes``): a plan change there would go unseen. None when the stamp records no plan
     (then the plan is "cannot tell" for every shape)."""
-    if not stamp.plan or stamp.op not in OPS:
+    if not stamp.plan or stamp.op not in TABLE:
         return []
-    covered = set(OPS[stamp.op].grid) | set(stamp.shapes)
+    covered = set(TABLE[stamp.op].grid) | set(stamp.shapes)
     return sorted(s for s in table if s not in covered)
 
 
 def beyond_limits(op: str, shape: Shape) -> str:
     """Why the op table says ``op``'s kernels cannot take ``shape`` (``""``: they can), in words."""
-    d = OPS[op]
+    d = TABLE[op]
     m, n, k = shape
     max_m = d.max_m if isinstance(d.max_m, int) else _setting_max(d, d.max_m)
     if m > max_m:
@@ -402,7 +402,7 @@ def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shap
     Each is tried with and without split-K and in every scale mode: a decision that sends a shape
     to a kernel that refuses it would fail at the first call (or run a wrong launch).
     """
-    d = OPS[op]
+    d = TABLE[op]
     bad: dict[Shape, str] = {}
     for (m, n, k), dec in sorted(table.items()):
         if not dec.kernel:
@@ -523,10 +523,10 @@ def untied(key: str, op: str, *, tuned: bool) -> str:
     """
     from .optable import owner
 
-    if op not in OPS:
+    if op not in TABLE:
         from . import __version__
 
-        return f"the stamp names op {op!r}, which hwprofile {__version__} does not know (ops: {', '.join(OPS)})"
+        return f"the stamp names op {op!r}, which hwprofile {__version__} does not know (ops: {', '.join(TABLE)})"
     own = owner(key)
     if own is not None and own.name != op:
         return f"{key} belongs to op {own.name}, but the stamp names op {op!r} (another kernel, measured against another fallback)"
@@ -540,8 +540,8 @@ def _retune(key: str, op: str) -> str:
     from .optable import owner
 
     own = owner(key)
-    if op not in OPS:
-        how = f"'hwprofile sweep {own.name}'" if own is not None else f"'hwprofile sweep OP' (OP one of {', '.join(OPS)})"
+    if op not in TABLE:
+        how = f"'hwprofile sweep {own.name}'" if own is not None else f"'hwprofile sweep OP' (OP one of {', '.join(TABLE)})"
         return f"Regenerate the file with {how}, or remove it"
     if own is not None:
         return f"Remove {key} from the file, or tune it with 'hwprofile sweep {own.name}' (which writes a file of its own)"
@@ -593,7 +593,7 @@ class Staleness:
         return self._now[key]
 
     def compare(self, stamp: Stamp) -> Comparison:
-        if stamp.op not in OPS:
+        if stamp.op not in TABLE:
             return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
         return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan), shapes=stamp.shapes), real_gpu=not self.info.simulated)
 
@@ -615,7 +615,7 @@ class Staleness:
                 f"stamp it with the stamp of op {own.name}'s sweep "
                 f"(hwprofile.plugin.shipped_stamp(__name__, 'measured/{own.name}.toml', op={own.name!r}))"
                 if own is not None
-                else f"stamp it with the sweep of a known op ({', '.join(OPS)}) or with none"
+                else f"stamp it with the sweep of a known op ({', '.join(TABLE)}) or with none"
             )
             raise SettingError(f"{who} gives {key} a value its stamp cannot vouch for: {why}. Fix the plugin: {fix}")
         c = self.compare(stamp)
