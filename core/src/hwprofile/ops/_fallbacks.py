@@ -229,6 +229,11 @@ def fp8_mm(x: Any, w: Any, scale: Any) -> Any:
     return fp8_split_mm(x, w, scale, ready[0], ready[1], fused=not _compiling())
 
 
+def probe_fp8_split(index: int) -> bool:
+    """Settle, outside any capture, whether :func:`fp8_mm` splits on CUDA device ``index`` (``hwprofile.ops.warmup``)."""
+    return _fp8_split_ready(index) is not None
+
+
 def probe_mm_out_dtype(index: int) -> None:
     """Settle whether ``torch.mm(..., out_dtype=)`` works on CUDA device ``index``, with a real 1x8 tensor.
 
