@@ -16,7 +16,7 @@ from hwprofile import costmodel, retune, sweep, tuning
 from hwprofile.cli import main
 from hwprofile.distributed._summary import entries_digest, profile_entries
 from hwprofile.ops import decide, decide_moe_gate
-from hwprofile.optable import MOE_GATE
+from hwprofile.optable import MOE_GATE, TABLE
 from hwprofile.sweep import Point
 
 OP = MOE_GATE.name
@@ -139,6 +139,7 @@ def test_the_agreement_compares_the_gates_values_and_kernel(monkeypatch: pytest.
     prof = hwprofile.profile(0)
     entries = profile_entries(prof)
     assert {f"setting.{OP}.model", f"setting.{OP}.measured", f"setting.{OP}.max_tokens", f"kernel.{OP}"} <= set(entries)
+    assert {f"setting.{op}.model" for op in TABLE} <= set(entries)  # every op's cost model is compared across ranks
     monkeypatch.setenv("HWPROFILE_MOE_GATE_MEASURED", "4x256x7168=fallback:9/8")  # one rank measured otherwise
     hwprofile.reset()
     other = hwprofile.profile(0)
