@@ -226,7 +226,7 @@ suite_serving() {
 
 suite_sweeps() {
   local op ops
-  ops=${OPS:-$(python3 -c 'from hwprofile.optable import OPS; print(*OPS)')}  # every op of the op table
+  ops=${OPS:-$(python3 -c 'from hwprofile.optable import TABLE; print(*TABLE)')}  # every op of the op table, the gate kind too
   # shellcheck disable=SC2086 # a list of op names
   for op in $ops; do
     step "$op.log" hw sweep "$op" --output "$D/$op.toml" --plot "$D/$op.png"
