@@ -116,6 +116,8 @@ def test_the_report_the_held_out_rows_and_the_plot_cover_the_gate(tmp_path: Path
     out = tmp_path / "gate-regret.png"
     sweep.plot_regret({OP: rows, f"{OP} held out": held}, out)
     assert out.read_bytes()[:4] == b"\x89PNG"
+    sweep.plot(doc, tmp_path / "gate.png")  # latency against M per served router (the sweep's --plot)
+    assert (tmp_path / "gate.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_tune_finds_the_gate_unmeasured_and_refits_its_model() -> None:
