@@ -180,5 +180,5 @@ def test_a_profile_resolved_while_a_tuned_file_is_written_never_lists_the_tempor
         real_replace(src, dst, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_files.os, "replace", replace)
-    hwprofile.tune(0, timer=FakeTimer())
+    hwprofile.tune(0, timer=FakeTimer(), ops=["router_gemm", "fp8_gemv"])  # one file written, whatever else is stale
     assert seen and all(names == ["router_gemm.toml"] for names in seen), seen

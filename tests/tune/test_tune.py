@@ -14,7 +14,7 @@ import pytest
 import hwprofile
 from hwprofile import retune, sweep, tuning
 from hwprofile.cli import main
-from hwprofile.optable import OPS
+from hwprofile.optable import OPS, TABLE
 
 from .helpers import FakeTimer, stale_tuned_file
 
@@ -236,7 +236,7 @@ def test_dry_run_json(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["tune", "--dry-run", "--all", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["devices"][0]["points"] == sum(len(sweep.default_grid(op)) for op in OPS) and doc["devices"][0]["estimate_s"] > 0
+    assert doc["devices"][0]["points"] == sum(len(sweep.default_grid(op)) for op in TABLE) and doc["devices"][0]["estimate_s"] > 0
 
 
 def test_tune_on_a_simulated_device_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
