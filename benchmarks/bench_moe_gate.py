@@ -105,7 +105,22 @@ def main(ms: list[int]) -> int:
     return 1 if fails else 0
 
 
+def token_counts(text: str) -> list[int]:
+    """``--m``: comma-separated token counts, each an int >= 1 (argparse's type: a bad one is a usage error)."""
+    try:
+        ms = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write token counts as integers separated by commas, e.g. 1,2,4,8,16") from None
+    if not ms or min(ms) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every token count must be >= 1")
+    return ms
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--m", default=",".join(map(str, range(1, 17))), help="token counts, comma-separated (default 1..16)")
-    sys.exit(main([int(v) for v in ap.parse_args().m.split(",")]))
+    ap.add_argument("--m", type=token_counts, default=list(range(1, 17)), help="token counts, comma-separated (default 1..16)")
+    ms = ap.parse_args().m
+    if not torch.cuda.is_available():
+        print("bench_moe_gate.py: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(ms))

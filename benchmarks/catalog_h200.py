@@ -13,6 +13,7 @@ rotating weight copies, two independent passes of 15 replays), writes the stampe
   (kernel digest, plan digest, fallback versions known);
 * checks that ``fp8_gemv`` is never slower than the bf16 ``gemv`` of the same (N, K) (it reads
   half the bytes): the time of the path each takes, beyond both shapes' noise;
+* checks that ``fp8_gemv``'s fallback is within 2x of its kernel at every shape the kernel ran;
 * checks the issue's targets: regret <= 1.03 at every shape, geomean <= 1.01.
 
 Writes ``catalog.json``, ``catalog_regret.png`` (one panel per op), ``tuned/<op>.toml`` (with
@@ -47,6 +48,7 @@ from hwprofile.optable import OPS
 
 TARGET_WORST = 1.03
 TARGET_GEOMEAN = 1.01
+TARGET_FP8_FALLBACK = 2.0  #: fp8_gemv's fallback at most this x its kernel at every catalog shape (issue 32)
 
 
 def progress(done: int, total: int, what: str) -> None:
@@ -179,9 +181,24 @@ def main() -> int:
         print(f"\nfp8_gemv vs bf16 gemv at the same shape ({len(fp8_rows)} shapes):")
         print(table(fp8_rows, ["N", "K", "fp8 us", "bf16 us", "fp8/bf16", ""]))
 
+    # the FP8 fallback within 2x of the kernel at every catalog shape the kernel ran (issue 32: never an order of magnitude)
+    fp8_fb_rows: list[list[str]] = []
+    for r in after.get("fp8_gemv", []):
+        if r.kernel_us is None:
+            continue
+        ratio = r.fallback_us / r.kernel_us
+        fp8_fb_rows.append([str(r.m), str(r.n), str(r.k), f"{r.kernel_us:.2f}", f"{r.fallback_us:.2f}", f"{ratio:.2f}",
+                            "ok" if ratio <= TARGET_FP8_FALLBACK else "OVER"])
+        if ratio > TARGET_FP8_FALLBACK:
+            failures.append(f"fp8_gemv {r.m}x{r.n}x{r.k}: fallback {r.fallback_us:.2f} us = {ratio:.2f}x the kernel's "
+                            f"{r.kernel_us:.2f} us > {TARGET_FP8_FALLBACK}x")
+    if fp8_fb_rows:
+        print(f"\nfp8_gemv fallback / kernel ({len(fp8_fb_rows)} shapes, target <= {TARGET_FP8_FALLBACK}x):")
+        print(table(fp8_fb_rows, ["M", "N", "K", "kernel us", "fallback us", "fallback/kernel", ""]))
+
     (out / "catalog.json").write_text(json.dumps({
         "device": prof.device.name, "gpu_seconds": gpu_s, "reps": args.reps, "stamps": {op: d["stamp"] for op, d in docs.items()},
-        "rows": all_rows, "fp8_vs_bf16": fp8_rows, "failures": failures,
+        "rows": all_rows, "fp8_vs_bf16": fp8_rows, "fp8_fallback_vs_kernel": fp8_fb_rows, "failures": failures,
     }, indent=1))
     try:
         st = next(iter(docs.values()))["stamp"] if docs else {"device": prof.device.name, "date": ""}

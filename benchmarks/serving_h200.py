@@ -14,12 +14,14 @@ hwprofile is warm but what the scenario says:
 * **a first call in capture without warm-up** (``unwarmed_capture``): the clear error, never a broken capture.
 
 Each first-call case runs ROUNDS times (fresh directories for the cold case); medians and every sample are
-written to serving.json in $OUT (or ./out). Usage, from the repository root with hwprofile importable:
-    OUT=dir python3 benchmarks/serving_h200.py
+written to serving.json in $OUT (or ./out); exit 1 when a case failed or broke a capture. About 150 s of
+GPU time: its own device call. Usage, from the repository root with hwprofile importable:
+    OUT=dir python3 benchmarks/serving_h200.py [--rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -67,6 +69,18 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
+    global ROUNDS
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"fresh processes per first-call case (default {ROUNDS})")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    ROUNDS = args.rounds
+    gpu = subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                         capture_output=True, text=True, timeout=120)
+    if gpu.returncode != 0:  # every scenario would fail, after minutes of fresh processes
+        print("serving_h200.py: needs a CUDA GPU and torch (torch.cuda.is_available() is not True)", file=sys.stderr)
+        return 2
     out_dir = Path(os.environ.get("OUT", "out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hwp-serving-"))
@@ -116,7 +130,11 @@ def main() -> int:
     wc, uc = results["warmed_capture"], results["unwarmed_capture"]
     print(f"warmed capture: errors {wc.get('rel_errors')}, broken={wc.get('capture_broken')}, {wc.get('failed', '')}")
     print(f"unwarmed capture: error {uc.get('error', '')[:160]!r}, broken={uc.get('capture_broken')}, after {uc.get('rel_error_after')}")
-    return 0
+    failed = [name for name, r in results.items() if isinstance(r, dict) and ("failed" in r or r.get("capture_broken")
+              or any("failed" in x for x in r.get("samples", ())))]
+    named = f": {', '.join(failed)}" if failed else ""
+    print(f"{'PASS' if not failed else 'FAIL'}: {len(failed)} case(s) failed or broke a capture{named}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 
 import hwprofile
 from hwprofile import ops
-from hwprofile.optable import GATES, ROW_SCALE, TABLE, TENSOR_SCALE
+from hwprofile.optable import ROW_SCALE, TABLE, TENSOR_SCALE
 
 from .conftest import Seam
 
@@ -102,13 +102,9 @@ def test_warmup_by_served_model_covers_every_op_the_model_feeds(seam: Seam) -> N
     name = next(n for n, m in catalog.items() if m.experts and m.fp8)
     report = ops.warmup(models=[name], fallbacks=False)
     chosen = models.select(catalog, [name])
-
-    def fed(op: str) -> list[tuple[int, int, int]]:  # a gate's GEMM is the router GEMM: it sees the router's shapes
-        return models.shapes("router_gemm" if op in GATES else op, chosen)
-
-    for op in TABLE:
-        assert {p.shape for p in report.planned if p.op == op} == set(fed(op))
-    assert {op for op in TABLE if fed(op)} == {p.op for p in report.planned} and len(report.planned) > 3
+    for op in TABLE:  # the gate kind too: its GEMM's shapes are the router's
+        assert {p.shape for p in report.planned if p.op == op} == set(models.shapes(op, chosen))
+    assert {op for op in TABLE if models.shapes(op, chosen)} == {p.op for p in report.planned} and len(report.planned) > 3
     assert "moe_gate" in {p.op for p in report.planned}  # the model has experts: its gate step is warmed too
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import hwprofile_sm90
 from hwprofile import tuning
-from hwprofile.optable import OPS
+from hwprofile.optable import GATES, OPS, TABLE
 from hwprofile.sweep import Point
 
 
@@ -26,8 +26,9 @@ class FakeTimer:
         return Point(m, n, k, [kern] * 5, [7.0] * 5, [kern, kern], [7.0, 7.0])
 
 
-#: The ops sm90 ships predicted (the bandwidth rule, no sweep): unmeasured on an H200, so tune measures them by default.
-PREDICTED = sorted(hwprofile_sm90.PREDICTED)
+#: The ops sm90 ships predicted (the bandwidth rule, no sweep: hwprofile_sm90.PREDICTED and the gate kind):
+#: unmeasured on an H200, so tune measures them by default.
+PREDICTED = [op for op in TABLE if op in hwprofile_sm90.PREDICTED or op in GATES]
 #: The ops sm90 ships swept on an H200 (fresh on one), in the op table's order.
 SWEPT = [op for op in OPS if op not in hwprofile_sm90.PREDICTED]
 

@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import hwprofile  # noqa: E402
 from hwprofile import distributed as hd  # noqa: E402
 from hwprofile import retune, tuning  # noqa: E402
-from hwprofile.optable import OPS  # noqa: E402
+from hwprofile.optable import TABLE  # noqa: E402
 from tests.tune.helpers import SWEPT, FakeTimer, stale_tuned_file  # noqa: E402
 
 BASE = dict(os.environ)
@@ -57,7 +57,7 @@ def tune_and_agree(timer: FakeTimer, ops: list[str] | None = None) -> dict[str, 
     agreement = hd.check_agreement(timeout=30)
     return {
         "ok": True, "calls": [list(c) for c in timer.calls], "files": files, "ranks": result.ranks, "measured": result.measured,
-        "values": {k: prof[k] for op in OPS for k in retune.decided_keys(op)}, "agree": agreement.describe(),
+        "values": {k: prof[k] for op in TABLE for k in retune.decided_keys(op)}, "agree": agreement.describe(),
         "fingerprint": prof.fingerprint,
         "points": len(result.plan.points()), "stale_after": [f.op for f in retune.findings(prof) if f.status != "fresh"],
         "stamp_date": tuning.read_tuned(result.written[0])[0].date if result.written else "",

@@ -9,7 +9,7 @@ import pytest
 
 import hwprofile
 from hwprofile import retune, sweep, tuning
-from hwprofile.optable import OPS
+from hwprofile.optable import OPS, TABLE
 
 from .helpers import PREDICTED, SWEPT, stale_tuned_file
 
@@ -22,7 +22,7 @@ def test_shipped_values_measured_here_are_fresh() -> None:
     """sm90's shipped sweeps are fresh on an H200; what it ships predicted is unmeasured, and only that is planned."""
     assert PREDICTED and SWEPT
     p = retune.plan(hwprofile.profile(0))
-    assert {f.op: f.status for f in p.findings} == {op: "unmeasured" if op in PREDICTED else "fresh" for op in OPS}
+    assert {f.op: f.status for f in p.findings} == {op: "unmeasured" if op in PREDICTED else "fresh" for op in TABLE}
     assert all("unstamped" in f.reasons[0] for f in p.findings if f.op in PREDICTED)
     assert p.grids == {op: tuple(sweep.default_grid(op)) for op in PREDICTED}
     fresh = retune.plan(hwprofile.profile(0), ops=SWEPT)  # the swept ops alone: nothing to measure
@@ -37,7 +37,7 @@ def test_a_tuned_file_against_another_fallback_function_is_changed() -> None:
     assert found["router_gemm"].status == "changed"
     assert "fallback function changed (torch.matmul (an older fallback) -> torch.mm" in found["router_gemm"].reasons[0]
     assert str(f) in found["router_gemm"].reasons[0] and "(ignored)" in found["router_gemm"].reasons[0]
-    assert all(found[op].status == ("unmeasured" if op in PREDICTED else "fresh") for op in OPS if op != "router_gemm")
+    assert all(found[op].status == ("unmeasured" if op in PREDICTED else "fresh") for op in TABLE if op != "router_gemm")
     assert set(p.grids) == {"router_gemm", *PREDICTED} and p.grids["router_gemm"] == tuple(sweep.default_grid("router_gemm"))
 
 
@@ -124,8 +124,8 @@ def test_a_stale_file_outside_the_tuned_directory_stays_a_leftover_once_a_fresh_
 def test_all_and_ops_choose_what_is_measured() -> None:
     prof = hwprofile.profile(0)
     p = retune.plan(prof, everything=True)
-    assert list(p.grids) == list(OPS)  # the fresh ones forced, the predicted ones unmeasured: every op is measured
-    assert {f.op: f.status for f in p.findings} == {op: "unmeasured" if op in PREDICTED else "forced" for op in OPS}
+    assert list(p.grids) == list(TABLE)  # the fresh ones forced, the predicted ones unmeasured: every op is measured
+    assert {f.op: f.status for f in p.findings} == {op: "unmeasured" if op in PREDICTED else "forced" for op in TABLE}
     assert list(retune.plan(prof, everything=True, ops=["gemv"]).grids) == ["gemv"]
     assert list(retune.plan(prof, ops=["gemv"]).grids) == []  # fresh, not forced
     assert set(retune.plan(prof, ops=PREDICTED).grids) == set(PREDICTED)  # unmeasured: measured unforced
@@ -168,7 +168,7 @@ def test_the_split_covers_every_point_once_and_balances() -> None:
         assert max(loads) - min(loads) <= biggest + 1e-9  # greedy longest-first: within one point
         assert retune.split(pts, size, p.bandwidth) == shares  # the same answer on every rank
         for s in shares:  # op by op (one progress line per op)
-            order = [list(OPS).index(q[0]) for q in s]
+            order = [list(TABLE).index(q[0]) for q in s]
             assert order == sorted(order)
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("torch.distributed")
 
 import hwprofile
 from hwprofile import retune, sweep
-from hwprofile.optable import OPS
+from hwprofile.optable import TABLE
 
 from .helpers import PREDICTED, SWEPT, FakeTimer, shipped
 
@@ -49,7 +49,7 @@ def _split_and_agreed(res: list[dict[str, Any]], wins_to: int) -> None:
     """Both ranks measured their share of the stale router_gemm's and the unmeasured (predicted) ops' grids, and
     both apply what one sweep of those points with ``FakeTimer(wins_to)`` decides."""
     assert all(r["ok"] for r in res), [r.get("error") for r in res]
-    needed = [op for op in OPS if op == "router_gemm" or op in PREDICTED]
+    needed = [op for op in TABLE if op == "router_gemm" or op in PREDICTED]
     points = [(op, *g) for op in needed for g in sweep.default_grid(op)]  # catalog shapes and box edges, as sweep measures
     calls = [{tuple(c) for c in r["calls"]} for r in res]
     assert calls[0] and calls[1] and not calls[0] & calls[1]  # each rank measured its own share
@@ -57,7 +57,7 @@ def _split_and_agreed(res: list[dict[str, Any]], wins_to: int) -> None:
     prof = hwprofile.profile(0)  # a simulated H200 here too (conftest): the same plan, the same split
     assert [set(s) for s in retune.split(points, WORLD, retune.bandwidth(prof.device))] == calls  # balanced by estimated cost
     want: dict[str, Any] = {}
-    for op in OPS:
+    for op in TABLE:
         if op in needed:
             want.update(sweep.run(prof, op, sweep.default_grid(op), FakeTimer(wins_to=wins_to), box=sweep.box_grid(op))["thresholds"])
         else:  # fresh: what sm90 ships

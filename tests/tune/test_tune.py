@@ -14,12 +14,12 @@ import pytest
 import hwprofile
 from hwprofile import retune, sweep, tuning
 from hwprofile.cli import main
-from hwprofile.optable import OPS
+from hwprofile.optable import OPS, TABLE
 
 from .helpers import PREDICTED, SWEPT, FakeTimer, shipped, stale_tuned_file
 
 #: what tune measures by default on an H200 with a stale router_gemm file: that op, and what sm90 ships predicted
-NEEDED = [op for op in OPS if op == "router_gemm" or op in PREDICTED]
+NEEDED = [op for op in TABLE if op == "router_gemm" or op in PREDICTED]
 
 
 def swept(prof: hwprofile.Profile, op: str, wins_to: int = 10) -> dict[str, object]:
@@ -50,7 +50,7 @@ def test_tune_re_measures_only_the_stale_op_and_the_profile_follows(caplog: pyte
         for key, value in want[op].items():
             assert after[key] == value and after.explain(key).winner.source == f"tuned file {path}"
         stamp, thresholds = tuning.read_tuned(path)
-        assert stamp.fallback["function"] == OPS[op].fallback and stamp.plan  # stamped against what runs now
+        assert stamp.fallback["function"] == TABLE[op].fallback and stamp.plan  # stamped against what runs now
         assert thresholds == want[op]
         assert (path.parent / tuning.SAMPLES_DIR / path.name).exists()  # raw measurements beside it, as sweep writes them
     old, new = want["router_gemm"]["router_gemm.model"], result.changes["router_gemm"]["router_gemm.model"][0]
@@ -252,7 +252,7 @@ def test_dry_run_lists_what_would_be_measured(capsys: pytest.CaptureFixture[str]
     hwprofile.reset()
     assert main(["tune", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.split()[:1] and line.split()[0] in OPS}
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.split()[:1] and line.split()[0] in TABLE}
     n = len(sweep.default_grid("router_gemm"))  # the catalog's routers and the box edges
     assert rows["router_gemm"] == ["changed", str(n)] and "fallback function changed" in out
     assert rows["gemv"] == ["fresh", "0"]
@@ -267,7 +267,7 @@ def test_dry_run_json(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["tune", "--dry-run", "--all", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["devices"][0]["points"] == sum(len(sweep.default_grid(op)) for op in OPS) and doc["devices"][0]["estimate_s"] > 0
+    assert doc["devices"][0]["points"] == sum(len(sweep.default_grid(op)) for op in TABLE) and doc["devices"][0]["estimate_s"] > 0
 
 
 def test_tune_on_a_simulated_device_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:

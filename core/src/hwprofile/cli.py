@@ -17,7 +17,7 @@ from typing import Any
 from . import _env
 from ._text import table
 from .errors import DeviceError, HwprofileError, ToolchainError
-from .optable import OPS
+from .optable import TABLE
 
 
 def _fmt(v: Any, key: str = "") -> str:
@@ -251,10 +251,10 @@ class _VersionAction(argparse.Action):
 def cmd_explain(args: argparse.Namespace) -> int:
     if args.list and args.key is not None:
         raise HwprofileError(f"explain takes a KEY or --list, not both (got {args.key!r} and --list)")
-    if args.shape is not None and args.key not in OPS:
-        raise HwprofileError(f"--shape explains an op's decision: give an op ({', '.join(OPS)}) as KEY, got {args.key!r}")
+    if args.shape is not None and args.key not in TABLE:
+        raise HwprofileError(f"--shape explains an op's decision: give an op ({', '.join(TABLE)}) as KEY, got {args.key!r}")
     prof = _profile(args)
-    if args.key in OPS:
+    if args.key in TABLE:
         return _explain_decision(prof, args)
     if args.list or args.key is None:
         if args.json:
@@ -405,15 +405,32 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         m, n, k = (int(x) for x in args.shape.lower().split("x"))
     except ValueError:
         raise HwprofileError(f"--shape {args.shape!r}: write it as MxNxK with integers (e.g. 1x4096x7168)") from None
+    if min(m, n, k) < 0:
+        raise HwprofileError(f"--shape {args.shape!r}: M, N and K must be >= 0")
     d = decide(args.key, prof, m=m, n=n, k=k)
     if args.json:
-        doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason}
+        doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason,
+               "kernel_us": d.kernel_us, "fallback_us": d.fallback_us}
         print(json.dumps(doc, indent=2))
         return 0
-    what = {"measured": "measured at this shape", "model": "cost model", "limit": "kernel limit", "fixed": "no choice"}[d.basis]
+    what = _BASIS_WORDS.get(d.basis, d.basis)
     print(f"{d.op} at M={m} N={n} K={k}: {d.path}   ({what})")
+    if d.kernel_us is not None or d.fallback_us is not None:
+        how = "measured" if d.basis == "measured" else "predicted"
+        kern = "-" if d.kernel_us is None else f"{d.kernel_us:.3g} µs"
+        fb = "-" if d.fallback_us is None else f"{d.fallback_us:.3g} µs"
+        print(f"  {how}: kernel {kern}, fallback {fb}")
     print(f"  {d.reason}")
     return 0
+
+
+#: ``Decision.basis`` in the words ``explain OP --shape`` prints
+_BASIS_WORDS = {
+    "measured": "measured at this shape",
+    "model": "cost model",
+    "limit": "kernel limit",
+    "fixed": "no choice",
+}
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -1132,7 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--package-name", default="hwprofile-cubins", help="distribution name of --package (default: hwprofile-cubins)")
     s.set_defaults(fn=cmd_compile)
     s = sub.add_parser("sweep", parents=[device], help="time a kernel against its fallback and write tuned thresholds (needs the GPU)")
-    s.add_argument("op", choices=list(OPS))
+    s.add_argument("op", choices=list(TABLE))
     s.add_argument("--m", help="tokens: 1..16 or 1,2,4 (router_gemm, linear_bf16_fp32)")
     s.add_argument("--n", help="output features: 256,384 or a range")
     s.add_argument("--k", help="input features")

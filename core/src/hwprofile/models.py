@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from ._record import Record, _set, final
 from .errors import SettingError
+from .optable import GATES
 
 Shape = tuple[int, int, int]
 
@@ -195,7 +196,7 @@ def origins(op: str, models: Mapping[str, Model]) -> dict[Shape, list[str]]:
     """Each (M, N, K) ``op`` sees in ``models`` with the layers it comes from (``llama-3.1-70b tp=8 o_proj``)."""
     out: dict[Shape, list[str]] = {}
     for m in models.values():
-        if op in _ROUTER_OPS and m.experts:
+        if (op in _ROUTER_OPS or op in GATES) and m.experts:  # a gate's GEMM is the router's
             for t in m.tp:
                 for rows in ROUTER_M:
                     out.setdefault((rows, m.experts, m.hidden), []).append(f"{m.name} tp={t} router")

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from . import _env
 from ._log import get_logger
 from .errors import HwprofileError
-from .optable import OPS
+from .optable import TABLE
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
@@ -122,7 +122,7 @@ def decided_keys(op: str) -> tuple[str, ...]:
     from .sweep import Point, thresholds_for
     from .tuning import measured_key
 
-    grid = OPS[op].grid
+    grid = TABLE[op].grid
     chosen, _ = thresholds_for(op, [Point(m, n, k, [1.0], [2.0]) for m, n, k in grid], "fallback")
     return (*chosen, measured_key(op))
 
@@ -139,7 +139,7 @@ def findings(prof: Profile, *, everything: bool = False) -> list[Finding]:
     staleness = tuning.Staleness(prof.device, prof.selection, prof.kernels)
     here = tuning.device_identity(prof.device)
     out = []
-    for op in OPS:
+    for op in TABLE:
         if op not in prof.kernels:
             who = prof.plugin.label if prof.plugin else "no architecture plugin"
             out.append(Finding(op, "no kernel", (f"{who} provides no {op} kernel for {prof.device.sm}",)))
@@ -193,9 +193,9 @@ def plan(prof: Profile, *, everything: bool = False, ops: Sequence[str] | None =
 
     fs = findings(prof, everything=everything)
     if ops is not None:
-        unknown = [o for o in ops if o not in OPS]
+        unknown = [o for o in ops if o not in TABLE]
         if unknown:
-            raise TuneError(f"unknown op {unknown[0]!r}; known ops: {', '.join(OPS)}")
+            raise TuneError(f"unknown op {unknown[0]!r}; known ops: {', '.join(TABLE)}")
         fs = [f for f in fs if f.op in ops]
     grids = {f.op: tuple(default_grid(f.op)) for f in fs if f.measure}
     from . import tuning
@@ -219,7 +219,7 @@ def bandwidth(info: DeviceInfo) -> float:
 def point_seconds(op: str, m: int, n: int, k: int, bw: float, reps: int = 15, passes: int = 2, rotate: int = 256 << 20) -> float:
     """GPU seconds :class:`hwprofile.sweep.GpuTimer` spends on one point: ``passes`` x (kernel, fallback) graphs,
     each run once, captured, replayed ``1 + reps`` times over its rotating weight copies."""
-    d = OPS[op]
+    d = TABLE[op]
     wbytes = n * k * (1 if d.scaled else 2)
     copies = max(2, min(64, -(-rotate // wbytes)))
     call_s = max(_LAUNCH_FLOOR_US * 1e-6, (wbytes + 2 * m * k + 4 * m * n) / (0.8 * bw))
@@ -256,7 +256,7 @@ def split(points: Sequence[tuple[str, int, int, int]], size: int, bw: float, rep
         r = min(range(size), key=lambda i: (loads[i], i))
         shares[r].append(p)
         loads[r] += cost(p, bw, reps)
-    order = {op: i for i, op in enumerate(OPS)}
+    order = {op: i for i, op in enumerate(TABLE)}
     return [sorted(s, key=lambda p: (order[p[0]], p[1:])) for s in shares]  # op by op: one progress line per op
 
 
@@ -579,7 +579,7 @@ def tune(
         for r in same:
             for op, grid in got[r]["grids"].items():
                 grids.setdefault(op, [tuple(g) for g in grid])
-        grids = {op: grids[op] for op in OPS if op in grids}
+        grids = {op: grids[op] for op in TABLE if op in grids}
         date = got[same[0]]["date"]
         bw = float(got[same[0]]["bw"])
         p = Plan(p.index, p.device, p.findings, {op: tuple(g) for op, g in grids.items()}, p.bandwidth)

@@ -183,8 +183,10 @@ class GpuTimer:
         return point
 
     def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[list[float], list[float]]:
-        from .optable import get
+        from .optable import GATES, get
 
+        if op in GATES:
+            return self._gate_pass(op, m, n, k)
         torch, ops = self.torch, self.ops
         d = get(op)
         fp8 = d.scaled
@@ -215,11 +217,41 @@ class GpuTimer:
         return kernel, fallback
 
 
-def box_grid(op: str) -> list[tuple[int, int, int]]:
-    """The op table's sweep grid for ``op``: the box edges, measured by every sweep so the cost model's fit spans the kernel's range."""
-    from .optable import get
+    def _gate_pass(self, op: str, m: int, n: int, k: int) -> tuple[list[float], list[float]]:
+        """A gate op: its fused kernel (``ops._gate.run_kernel``) against its torch path (``ops._gate.fallback``), with the
+        selection of the served router at (N, K) (``GateDef.router_for``), cold L2 as the GEMM ops."""
+        from .ops import _gate
+        from .optable import GATES
 
-    return list(get(op).grid)
+        torch = self.torch
+        r = GATES[op].router_for(n, k)
+        copies = max(2, min(64, -(-self.rotate // (n * k * 2))))
+        ws = [(torch.randn(n, k, device=self.dev) * k**-0.5).bfloat16() for _ in range(copies)]
+        bias = torch.randn(n, device=self.dev) * 0.05 if r.scoring == "sigmoid" else None
+        x = torch.randn(m, k, device=self.dev).bfloat16()
+        sel: dict[str, Any] = {"top_k": r.top_k, "n_group": r.n_group, "topk_group": r.topk_group, "renormalize": r.renormalize,
+                               "scaling": r.scaling, "scoring": r.scoring}
+        kernel: list[float] = []
+        kernel_ok = op in self.prof.kernels
+        if kernel_ok:
+            try:
+                _gate.run_kernel(x, ws[0], bias, **sel)
+            except ValueError as exc:  # the plugin's plan refuses the shape: no kernel time here, the sweep goes on
+                log.info("%s M=%d N=%d K=%d: the kernel refuses the shape (%s); timing the fallback only", op, m, n, k, exc)
+                kernel_ok = False
+        if kernel_ok:
+            kernel = self._graph(lambda i: _gate.run_kernel(x, ws[i], bias, **sel), copies)
+        fallback = self._graph(
+            lambda i: _gate.fallback(x, ws[i], bias, r.n_group, r.topk_group, r.top_k, r.renormalize, r.scaling, r.scoring), copies
+        )
+        return kernel, fallback
+
+
+def box_grid(op: str) -> list[tuple[int, int, int]]:
+    """The op table's sweep grid for ``op`` (either kind): the box edges, so the cost model's fit spans the kernel's range."""
+    from .optable import TABLE
+
+    return list(TABLE[op].grid)
 
 
 def model_grid(op: str, models: Sequence[str] | None = None, model_files: Sequence[Path | str] = ()) -> list[tuple[int, int, int]]:
@@ -336,7 +368,7 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
     wins = {s: d for s, d in table.items() if d.kernel}
     bad = {s: why for s in wins if (why := beyond_limits(op, s))}
     if spec is not None:
-        r = _dispatch._Route(_dispatch.ENTRIES[op].op, prof, overrides={measured_key(op): ""})
+        r = _route_for(prof, op, {measured_key(op): ""})
         bad.update({s: why for s, why in _dispatch.untakeable(r, {s: d for s, d in wins.items() if s not in bad}, spec).items()})
     for s in bad:
         table[s] = Measured(False, table[s].kernel_us, table[s].fallback_us)
@@ -346,9 +378,20 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
 
 
 def _optable_grid(op: str) -> tuple[tuple[int, int, int], ...]:
-    from .optable import get
+    from .optable import TABLE
 
-    return get(op).grid
+    return TABLE[op].grid
+
+
+def _route_for(prof: Any, op: str, overrides: Mapping[str, Any]) -> Any:
+    """Dispatch's ``_Route`` of ``op`` on ``prof`` with ``overrides`` above its values: a GEMM op's, or a gate's with its
+    served router's selection (``ops._gate.served_route``)."""
+    from .ops import _dispatch, _gate
+    from .optable import GATES
+
+    if op in GATES:
+        return _gate.served_route(prof, overrides)
+    return _dispatch._Route(_dispatch.ENTRIES[op].op, prof, overrides=overrides)
 
 
 # --- regret: what the tuned result costs at each measured shape ------------------------------------
@@ -380,8 +423,7 @@ def report(prof: Any, doc: Mapping[str, Any]) -> list[Regret]:
     from .ops import _dispatch
 
     op = doc["stamp"]["op"]
-    t = _dispatch._Table(prof)
-    r = _dispatch._Route(t.routes[op].op, prof, overrides=doc["thresholds"])
+    r = _route_for(prof, op, doc["thresholds"])
     out = []
     for row in doc["measurements"]:
         m, n, k = int(row["m"]), int(row["n"]), int(row["k"])
@@ -399,7 +441,7 @@ def cross_validate(doc: Mapping[str, Any], model_files: Sequence[Path | str] = (
     that model's (:func:`hwprofile.costmodel.cross_validate`); rows are :class:`hwprofile.costmodel.Held`."""
     from . import costmodel
     from . import models as catalog
-    from .optable import get
+    from .optable import TABLE
 
     op = doc["stamp"]["op"]
     found = [Point(int(r["m"]), int(r["n"]), int(r["k"]), [float(r["kernel_us"])] if float(r["kernel_us"]) > 0 else [],
@@ -408,7 +450,7 @@ def cross_validate(doc: Mapping[str, Any], model_files: Sequence[Path | str] = (
     for shape, names in catalog.origins(op, catalog.load(model_files)).items():
         for name in names:
             per_model.setdefault(name.split()[0], set()).add(shape)
-    return costmodel.cross_validate(op, samples(found), per_model, get(op).grid)
+    return costmodel.cross_validate(op, samples(found), per_model, TABLE[op].grid)
 
 
 def geomean(xs: Iterable[float]) -> float:
@@ -505,9 +547,9 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ms = [r for r in doc["measurements"] if r.get("box", True)] or doc["measurements"]  # the box edges: one line per N or K
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
-    from .optable import get
+    from .optable import TABLE
 
-    by_m = get(op).threshold == "max_tokens"
+    by_m = TABLE[op].threshold == "max_tokens"
     if by_m:
         for n in sorted({r["n"] for r in ms}):
             rs = [r for r in ms if r["n"] == n]

@@ -49,7 +49,7 @@ from ._entrypoints import installed_version
 from ._log import get_logger
 from ._record import Record, _set, final
 from .errors import SettingError
-from .optable import OPS, TABLE, GateDef
+from .optable import TABLE, GateDef
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
@@ -84,7 +84,7 @@ def fallback_identity(op: str) -> dict[str, str]:
     """What decides which library kernel the op's fallback runs, read from package metadata."""
     cublas = installed_version(*_CUBLAS_DISTS) or "unknown"
     return {
-        "function": OPS[op].fallback,  # the op table at call time, not a copy taken at import
+        "function": TABLE[op].fallback,  # the op table at call time, not a copy taken at import
         "torch": installed_version("torch") or "not installed",
         "cublas": cublas,
         "cublaslt": cublas,  # shipped in the same wheel as cuBLAS
@@ -532,10 +532,10 @@ def untied(key: str, op: str, *, tuned: bool) -> str:
     """
     from .optable import owner
 
-    if op not in OPS:
+    if op not in TABLE:
         from . import __version__
 
-        return f"the stamp names op {op!r}, which hwprofile {__version__} does not know (ops: {', '.join(OPS)})"
+        return f"the stamp names op {op!r}, which hwprofile {__version__} does not know (ops: {', '.join(TABLE)})"
     own = owner(key)
     if own is not None and own.name != op:
         return f"{key} belongs to op {own.name}, but the stamp names op {op!r} (another kernel, measured against another fallback)"
@@ -549,8 +549,8 @@ def _retune(key: str, op: str) -> str:
     from .optable import owner
 
     own = owner(key)
-    if op not in OPS:
-        how = f"'hwprofile sweep {own.name}'" if own is not None else f"'hwprofile sweep OP' (OP one of {', '.join(OPS)})"
+    if op not in TABLE:
+        how = f"'hwprofile sweep {own.name}'" if own is not None else f"'hwprofile sweep OP' (OP one of {', '.join(TABLE)})"
         return f"Regenerate the file with {how}, or remove it"
     if own is not None:
         return f"Remove {key} from the file, or tune it with 'hwprofile sweep {own.name}' (which writes a file of its own)"
@@ -602,7 +602,7 @@ class Staleness:
         return self._now[key]
 
     def compare(self, stamp: Stamp) -> Comparison:
-        if stamp.op not in OPS:
+        if stamp.op not in TABLE:
             return Comparison(unknown=(f"op {stamp.op!r} has no known fallback: cannot tell",))
         return compare(stamp, self.now(stamp.op, plan=bool(stamp.plan), shapes=stamp.shapes), real_gpu=not self.info.simulated)
 
@@ -624,7 +624,7 @@ class Staleness:
                 f"stamp it with the stamp of op {own.name}'s sweep "
                 f"(hwprofile.plugin.shipped_stamp(__name__, 'measured/{own.name}.toml', op={own.name!r}))"
                 if own is not None
-                else f"stamp it with the sweep of a known op ({', '.join(OPS)}) or with none"
+                else f"stamp it with the sweep of a known op ({', '.join(TABLE)}) or with none"
             )
             raise SettingError(f"{who} gives {key} a value its stamp cannot vouch for: {why}. Fix the plugin: {fix}")
         c = self.compare(stamp)
@@ -910,7 +910,7 @@ def add_remote_layers(
     if store is None or plugin is None:
         return
     device = device_identity(info)
-    keys = {_remote.tuned_key(device, plugin.name, op): op for op in OPS if op in staleness.kernels and op not in set(skip)}
+    keys = {_remote.tuned_key(device, plugin.name, op): op for op in TABLE if op in staleness.kernels and op not in set(skip)}
     got = store.get_many("tuned", list(keys), len(TUNED_MAGIC) + 32 + MAX_TUNED_BYTES)
     for key, op in keys.items():
         data = got.get(key)

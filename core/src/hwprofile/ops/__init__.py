@@ -25,7 +25,7 @@ contiguous). Gradients: every op's backward is the fallback's math in fp32 accum
 (``optable.GATES``, a :class:`~hwprofile.optable.GateDef`): a GEMM box like the GEMM ops' (its own
 ``moe_gate.*`` settings), two outputs and the selection's arguments; ``_gate`` routes it to the
 plugin's fused kernel (one launch: GEMM and selection) or to its torch fallback
-(docs/architecture.md, "ops.moe_gate: the gate kind of the op table").
+(docs/architecture.md, "The gate kind: ops.moe_gate").
 
 The package, one concern a module:
 

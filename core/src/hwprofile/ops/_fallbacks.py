@@ -207,7 +207,7 @@ def fp8_mm(x: Any, w: Any, scale: Any) -> Any:
 
     The split path takes CUDA tensors on a device the probe passed (:func:`_fp8_split_ready`: fp8
     tensor cores and a torch with ``_scaled_mm``), K and N multiples of 16, a row-major weight with
-    16-byte aligned rows, and weights of at least :data:`FP8_SPLIT_MIN_BYTES`. The probe runs on
+    16-byte aligned rows and start, and weights of at least :data:`FP8_SPLIT_MIN_BYTES`. The probe runs on
     the first call outside a CUDA-graph capture and a ``torch.compile`` trace
     (``hwprofile.ops.warmup`` makes that call); a first call inside one takes the dequantising
     path, which needs nothing new.
@@ -215,7 +215,7 @@ def fp8_mm(x: Any, w: Any, scale: Any) -> Any:
     n, k = w.shape
     if not (x.is_cuda and n * k >= FP8_SPLIT_MIN_BYTES and n % 16 == 0 and k % 16 == 0):
         return fp8_dequant_mm(x, w, scale)
-    if w.stride(1) != 1 or w.stride(0) % 16:
+    if w.stride(1) != 1 or w.stride(0) % 16 or w.data_ptr() % 16:  # cuBLASLt's FP8 operands: row-major, 16-byte aligned rows
         return fp8_dequant_mm(x, w, scale)
     idx = x.device.index
     if idx in _fp8_split:
@@ -227,6 +227,11 @@ def fp8_mm(x: Any, w: Any, scale: Any) -> Any:
     if ready is None:
         return fp8_dequant_mm(x, w, scale)
     return fp8_split_mm(x, w, scale, ready[0], ready[1], fused=not _compiling())
+
+
+def probe_fp8_split(index: int) -> bool:
+    """Settle, outside any capture, whether :func:`fp8_mm` splits on CUDA device ``index`` (``hwprofile.ops.warmup``)."""
+    return _fp8_split_ready(index) is not None
 
 
 def probe_mm_out_dtype(index: int) -> None:

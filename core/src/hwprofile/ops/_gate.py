@@ -109,6 +109,23 @@ def _route_of(t: _dispatch._Table) -> Any:
     return r
 
 
+def served_route(prof: Profile, overrides: Any = None) -> Any:
+    """A ``_dispatch._Route`` of the gate on ``prof`` (``overrides``: setting values standing above the profile's, as a
+    sweep's result) whose ``plan`` gate asks the plugin's planner with the served router's selection at (N, K)
+    (``MOE_GATE.router_for``): what ``hwprofile sweep moe_gate`` times, reports and routes by."""
+    r = _dispatch._Route(MOE_GATE, prof, overrides=overrides)  # type: ignore[arg-type]  # a GateDef has the bounds an OpDef has
+    split = bool(prof["gemv.split_k"])
+
+    def problem(m: int, n: int, k: int) -> str | None:
+        if OP not in prof.kernels:
+            return None  # the no_kernel gate says so first
+        s = MOE_GATE.router_for(n, k)
+        return plan(prof, m, n, k, s.n_group, s.topk_group, s.top_k, split)[1]
+
+    r.plan_problem = problem
+    return r
+
+
 def plan(prof: Profile, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int, split_k: bool) -> tuple[Any, str | None]:
     """``(launch, None)``, or ``(None, why)`` when the plugin's planner refuses the gate (its words)."""
     spec = prof.kernels[OP]
@@ -508,6 +525,29 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         _fail(t, str(err))
         return None
     return ids, weights
+
+
+def run_kernel(x: Any, w: Any, bias: Any, *, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
+               scoring: str) -> tuple[Any, Any]:
+    """The fused kernel on 2-D CUDA operands whatever the route says: what ``hwprofile sweep moe_gate`` times (the gate's
+    ``ops.run_kernel``). A ``ValueError`` names what the plugin's planner refuses (or a missing kernel); a fault is a
+    ``KernelError``, never the torch path in disguise."""
+    n, k = check(x, w, bias, top_k, n_group, topk_group, scoring)
+    if x.dim() != 2 or not x.is_cuda:
+        raise ValueError(f"moe_gate run_kernel: hidden must be a 2-D CUDA tensor, got {tuple(x.shape)} on {x.device}")
+    if _misplaced(x, w, bias):
+        raise ValueError("moe_gate run_kernel: an operand is not contiguous or not 16-byte aligned")
+    t = _dispatch.table(x.get_device())
+    if OP not in t.prof.kernels:
+        raise ValueError(f"moe_gate run_kernel: {_route_of(t).who} provides no moe_gate kernel on cuda:{t.index}")
+    m = x.shape[0]
+    launch_plan, why = plan(t.prof, m, n, k, n_group, topk_group, top_k, t.split_k)
+    if launch_plan is None:
+        raise ValueError(f"moe_gate run_kernel: M={m}, N={n}, K={k}: {why}")
+    got = launch(t, launch_plan, x, w, bias, m, n, k, n_group, topk_group, top_k, renormalize, scaling, scoring)
+    if got is None:
+        raise KernelError(f"moe_gate run_kernel on cuda:{t.index}: {failed.get(t.index) or 'the kernel is not ready in this capture'}")
+    return got
 
 
 def warm(t: _dispatch._Table, device: Any, shapes: list[tuple[int, int, int]]) -> tuple[int, list[str]]:
