@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -273,11 +274,12 @@ def gb300(store: Server, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_a_fresh_tuned_table_in_the_store_applies(gb300: Any, store: Server, tmp_path: Path) -> None:
     key = _remote.tuned_key(tuning.device_identity(gb300.device), "sm100", "router_gemm")
-    store.client.set(key, tuning.encode_tuned(tuned_table(gb300, tmp_path, date="2026-12-01")))
+    table = tuned_table(gb300, tmp_path, date="2026-12-01")
+    store.client.set(key, tuning.encode_tuned(table))
     hwprofile.reset()
     prof = hwprofile.profile(0)
-    assert prof["router_gemm.max_tokens"] == 3
-    assert prof.explain("router_gemm.max_tokens").winner.source == f"remote tuned table {key} in {store.url}"
+    assert prof["router_gemm.model"] == tomllib.loads(table)["thresholds"]["router_gemm.model"] != gb300["router_gemm.model"]
+    assert prof.explain("router_gemm.model").winner.source == f"remote tuned table {key} in {store.url}"
     assert _remote.counters()["tuned"]["hits"] == 1
 
 
@@ -288,8 +290,8 @@ def test_a_stale_tuned_table_in_the_store_is_ignored_as_a_stale_file_is(gb300: A
     hwprofile.reset()
     with caplog.at_level(logging.WARNING, logger="hwprofile"):
         prof = hwprofile.profile(0)
-    shipped = prof.explain("router_gemm.max_tokens")
-    assert prof["router_gemm.max_tokens"] == 16 and shipped.winner.source != f"remote tuned table {key} in {store.url}"
+    shipped = prof.explain("router_gemm.model")
+    assert prof["router_gemm.model"] == gb300["router_gemm.model"] and shipped.winner.source != f"remote tuned table {key} in {store.url}"
     assert next(x.stale for x in shipped.chain if x.source.startswith("remote tuned table")).startswith("fallback function changed")
     assert f"remote tuned table {key} in {store.url} is stale for device 0 (fallback function changed" in caplog.text
     assert "its values are ignored and the shipped ones apply" in caplog.text

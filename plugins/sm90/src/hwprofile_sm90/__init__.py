@@ -31,13 +31,11 @@ def hwprofile_arch() -> ArchSpec:
 # An op of the table with no file here (added since that run, or the gate) is predicted by the bandwidth rule until swept.
 
 
-#: ops whose H200 sweep measured a fallback hwprofile has since replaced, with what was measured: a shipped table would
-#: be stale (reported at every start), so until the op is re-swept (benchmarks/run_h200.sh catalog, then
-#: benchmarks/ship_sm90.py) its model is the bandwidth rule, which 'hwprofile tune' replaces with a fit on the device
-PREDICTED = {
-    "fp8_gemv": "an H200 against today's FP8 fallback (torch._scaled_mm from 4 MiB of weight); the 2026-12-02 sweep "
-    "measured the dequantising one (benchmarks/h200/2026-12-02-catalog-2/tuned/fp8_gemv.toml)",
-}
+#: ops whose H200 sweep measured a fallback hwprofile has since replaced: a shipped table would be stale (reported at
+#: every start), so until the op is re-swept (benchmarks/run_h200.sh catalog, then benchmarks/ship_sm90.py) its model
+#: is the bandwidth rule, which 'hwprofile tune' replaces with a fit on the device. fp8_gemv: the catalog run of
+#: 2026-12-02 measured the dequantising FP8 fallback, replaced since by torch._scaled_mm from 4 MiB of weight.
+PREDICTED = ("fp8_gemv",)
 
 
 MEASURED = Path(__file__).with_name("measured")  #: the shipped sweep files, measured/OP.toml
@@ -53,7 +51,8 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
     out: dict[str, Any] = {}
     for op, d in OPS.items():  # the op table's ops, whichever it holds: a new op needs no change here
         if op in PREDICTED:
-            out[f"{op}.model"] = rule_model(op, device, sku=PREDICTED[op])
+            swept = f"the catalog run measured the one it replaced: benchmarks/h200/2026-12-02-catalog-2/tuned/{op}.toml"
+            out[f"{op}.model"] = rule_model(op, device, sku=f"an H200 against today's {op} fallback ({swept})")
         elif (MEASURED / f"{op}.toml").is_file():
             out.update(_measured(op))
         elif any(s[0] == f"{op}.model" for s in d.settings):
