@@ -151,6 +151,9 @@ def decide(prof: Profile, *, m: int, n: int, k: int, n_group: int = 1, topk_grou
     return _dispatch.Decision(OP, "kernel" if gate is None else "fallback", words, gate, _dispatch.basis(r, gate, m, n, k))
 
 
+_dispatch.decide_gate = decide  # ops.decide("moe_gate", ...): _dispatch reaches the gate kind through this, never by import
+
+
 def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, str | None, Any]:
     t = _dispatch.table(idx)
     _, m, n, k, n_group, topk_group, top_k = key
