@@ -216,8 +216,7 @@ def _models_hint() -> str:
 def version_text() -> str:
     """``hwprofile --version``: core, then every plugin, from package metadata (no plugin is imported)."""
     from . import __version__
-    from ._entrypoints import find_entry_points, natural_key
-    from .registry import ENTRY_POINT_GROUP
+    from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points, natural_key
 
     lines = [f"hwprofile {__version__} (Python {sys.version.split()[0]})"]
     for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: natural_key(e.name)):
@@ -1279,6 +1278,11 @@ def _main(argv: Sequence[str] | None, *, program: bool) -> int:
             raise  # an engine calling main() in its own process keeps its Ctrl-C
         return _fail("interrupted", 130)
     except Exception as exc:
+        from ._deps import missing
+
+        dep = missing(exc)  # an installation problem, not a bug: which package, and the command that installs it
+        if dep is not None:
+            return _fail(f"error: {dep}", 2)
         if _env.TRACEBACK.read():
             raise
         return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {_env.TRACEBACK.name}=1 to see where", 3)

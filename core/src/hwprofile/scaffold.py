@@ -243,8 +243,7 @@ def name_taken(name: str) -> str | None:
     import importlib.metadata
     import importlib.util
 
-    from ._entrypoints import find_entry_points
-    from .registry import ENTRY_POINT_GROUP
+    from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points
 
     dist = f"hwprofile-{name}"
     try:
