@@ -48,7 +48,8 @@ def hw(tmp_path: Path, site: str, *args: str, device: str | None = None) -> subp
                HWPROFILE_CONFIG_DIR=str(tmp_path / "config"), CUDA_VISIBLE_DEVICES="")
     if device is not None:
         env["HWPROFILE_DEVICE"] = device
-    return subprocess.run([sys.executable, "-m", "hwprofile.cli", *args], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    cmd = [sys.executable, "-m", "hwprofile.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
 
 
 def one_line(p: subprocess.CompletedProcess[str], package: str, install: str) -> str:
