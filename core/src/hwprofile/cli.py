@@ -999,7 +999,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     from . import scaffold
 
     directory = args.dir or Path(f"hwprofile-{args.name}")
-    written = scaffold.write(directory, args.name, args.capability, args.target)
+    written = scaffold.write(directory, args.name, args.capability, args.target, family=args.family)
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
@@ -1140,6 +1140,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capability", required=True, help="exact compute capability served, e.g. 8.9")
     s.add_argument("--target", help="NVRTC target (default sm_<major><minor>)")
     s.add_argument("--dir", type=_user_path, help="where to write it (default ./hwprofile-<name>)")
+    s.add_argument("--family", action="store_true",
+                   help="a plugin on hwprofile's shared kernel family: every op and the MoE gate (compute capability 9.0+)")
     s.set_defaults(fn=cmd_new_plugin)
     s = sub.add_parser("cache", help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
