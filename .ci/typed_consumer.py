@@ -13,6 +13,7 @@ import hwprofile_sm120
 import myengine_hwprofile
 from hwprofile.plugin import ArchSpec, DeviceInfo, simulated_device
 from pytest_hwprofile import rel_error
+from pytest_hwprofile.family import FamilyPlanChecks
 
 
 def capability(d: DeviceInfo) -> tuple[int, int]:
@@ -42,3 +43,8 @@ def cc() -> tuple[int, int]:
 @pytest.fixture
 def device() -> DeviceInfo:
     return simulated_device((9, 0))
+
+
+class TestPlans(FamilyPlanChecks):
+    plugin, prefix = "sm100", "hwp100"
+    devices = ("b200",)
