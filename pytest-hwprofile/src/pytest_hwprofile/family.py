@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import pytest
 
 import hwprofile
+from hwprofile.optable import GATES
 from hwprofile.plugin import OPS, PREBUILT_SHAPES
 
 from . import SIMULATE_ENV, STRICT_ENV, rel_error
@@ -60,7 +61,7 @@ class FamilyPlanChecks:
         for device in self.devices:
             prof = _profile(monkeypatch, device)
             assert prof.plugin is not None and prof.plugin.name == self.plugin, f"{device}: plugin {prof.plugin}"
-            assert set(PREBUILT_SHAPES) | {"moe_gate"} <= set(prof.kernels), f"{device}: kernels for {sorted(prof.kernels)}"
+            assert {*PREBUILT_SHAPES, *GATES} <= set(prof.kernels), f"{device}: kernels for {sorted(prof.kernels)}"
             for op, spec in prof.kernels.items():
                 bad = [i for i in spec.instances if not i.startswith(f"{self.prefix}_")]
                 assert spec.instances and not bad, f"{device} {op}: instances outside the prefix {self.prefix}: {bad[:3]}"

@@ -85,10 +85,8 @@ def shapes_of(shapes: Mapping[str, Iterable[Shape]] | None = None, models: Itera
         from .. import models as catalog
 
         chosen = catalog.select(catalog.load(), names)
-        for op in OPS:
+        for op in (*OPS, *GATES):  # the layers each op's table entry names (a gate's: the router's)
             out.setdefault(op, []).extend(catalog.shapes(op, chosen))
-        for gate in GATES:  # a gate's GEMM is the router GEMM: the models' router shapes
-            out.setdefault(gate, []).extend(catalog.shapes("router_gemm", chosen))
     if not out:
         raise ValueError("warmup: give the shapes to warm (shapes={op: [(M, N, K), ...]}) or served models (models=[name, ...])")
     return {op: list(dict.fromkeys(v)) for op, v in out.items() if v}
