@@ -243,13 +243,8 @@ FAMILY_KERNEL = '''// hwprofile-{name}: hwprofile's skinny-GEMM family and fused
 #include <hwprofile/moe_gate.cuh>
 
 namespace {prefix} {{
-// Compute capability {major}.{minor} limits (CUDA C++ Programming Guide, technical specifications): check them.
-struct Limits {{
-  static constexpr int kMaxSharedPerBlock = {smem};  // opt-in, static + dynamic (TUNING.max_shared_bytes)
-  static constexpr int kMaxStaticShared = 48 * 1024;  // without opt-in
-  static constexpr int kMaxPortableCluster = 8;
-  static constexpr int kMaxThreads = 1024;
-}};
+// compute capability {major}.{minor}: opt-in shared memory per block, as TUNING.max_shared_bytes (check your GPU's number)
+using Limits = hwp::FamilyLimits<{smem}>;
 }}  // namespace {prefix}
 
 HWP_SKINNY_GEMM_ENTRY_POINTS({prefix}, {prefix}::Limits)
