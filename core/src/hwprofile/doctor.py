@@ -215,13 +215,13 @@ def _driver_view() -> tuple[str, str | None, int]:
         err, n = cu.cuDeviceGetCount() if err == ok else (err, 0)
         if err != ok:
             return f"CUDA driver {cuda}, no usable device ({err.name})", cuda, 0
-        a = cu.CUdevice_attribute
-        cc = (a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        attr = cu.CUdevice_attribute
+        cc = (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
         devices = []
         for i in range(n):
             _, dev = cu.cuDeviceGet(i)
             _, name = cu.cuDeviceGetName(96, dev)
-            major, minor = (cu.cuDeviceGetAttribute(a, dev)[1] for a in cc)
+            major, minor = (cu.cuDeviceGetAttribute(which, dev)[1] for which in cc)
             devices.append(f"{i} {name.split(bytes(1))[0].decode(errors='replace')} ({major}.{minor})")
         return f"CUDA driver {cuda}, {n} device{'' if n == 1 else 's'}{': ' if devices else ''}{', '.join(devices)}", cuda, n
     except Exception as exc:  # noqa: BLE001 - no driver library (cuda.pathfinder's DynamicLibNotFoundError), or an odd one
