@@ -190,9 +190,8 @@ def test_profile_fixture_skips_without_a_device(pytester: pytest.Pytester, monke
 
 
 def test_pytest_plugin_module_is_top_level_and_outside_hwprofile() -> None:
-    import pytest_hwprofile
-
     import hwprofile
+    import pytest_hwprofile
 
     core = Path(hwprofile.__file__).resolve().parent
     assert pytest_hwprofile.__name__ == "pytest_hwprofile" and core not in Path(pytest_hwprofile.__file__).resolve().parents
