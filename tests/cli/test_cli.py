@@ -57,7 +57,7 @@ def test_show_summarises_a_cost_model_and_explain_prints_it(capsys: pytest.Captu
     h200 = profile_for(simulated_detection("h200").devices[0])
     fitted = costmodel.parse("gemv", h200["gemv.model"], where="t").samples
     assert code == 0 and fitted > 1 and f"<cost model fitted on {fitted} samples>" in out
-    assert "<cost model: a default, not fitted>" in out  # fp8_gemv on sm90: the bandwidth rule (hwprofile_sm90.PREDICTED)
+    assert "<cost model: a default, not fitted>" in out  # fp8_gemv on sm90: the bandwidth rule (hwprofile_sm90.predicted())
     code, out, _ = run(capsys, "explain", "gemv.model", "--simulate", "h200")
     assert code == 0 and "cost model: kernel " in out and f"fitted on {fitted} samples" in out and f"samples={fitted}" in out
 

@@ -9,7 +9,7 @@ import pytest
 
 from hwprofile import models, sweep
 from hwprofile.errors import SettingError
-from hwprofile.optable import OPS
+from hwprofile.optable import OPS, TABLE, OpDef
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +25,27 @@ def test_the_shipped_catalog_covers_the_served_families(catalog: dict[str, model
         assert m.source.startswith("https://huggingface.co/") and m.source.endswith("config.json"), m.name
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(TABLE))
 def test_every_op_of_the_table_has_catalog_shapes(op: str, catalog: dict[str, models.Model]) -> None:
-    """A new op must say which layers of served models it takes (hwprofile.models), or it is swept nowhere models run."""
-    assert models.shapes(op, catalog), f"{op}: no served-model shapes; map it to its layers in hwprofile.models"
+    """A new op must say which layers of served models it takes (OpDef.layer), or it is swept nowhere models run."""
+    assert models.shapes(op, catalog), f"{op}: no served-model shapes; name its layer in its op-table entry (OpDef.layer)"
+
+
+@pytest.mark.parametrize(("layer", "w_dtype", "like"), [("router", "bfloat16", "router_gemm"), ("projection", "bfloat16", "gemv"),
+                                                        ("projection", "float8_e4m3fn", "fp8_gemv"), (None, "bfloat16", None)])
+def test_the_layers_an_op_sees_are_its_table_entrys(layer: str | None, w_dtype: str, like: str | None, catalog: dict[str, models.Model],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new op's served shapes follow its OpDef.layer (and an FP8 weight), with no list of op names in hwprofile.models."""
+    toy = OpDef("toy", "toy", args=("x", "w"), w_dtype=w_dtype, out_dtype="float32", fallback="f", max_m=16, min_n=1, max_n=1 << 20,
+                min_k=1, max_k=1 << 20, threshold="max_tokens", grid=(), settings=(), layer=layer)
+    monkeypatch.setitem(TABLE, "toy", toy)
+    assert models.shapes("toy", catalog) == (models.shapes(like, catalog) if like else [])
+    assert models.shapes("moe_gate", catalog) == models.shapes("router_gemm", catalog)  # the gate's GEMM is the router's
+    with pytest.raises(KeyError, match="no op 'nope'"):
+        models.shapes("nope", catalog)
+    with pytest.raises(ValueError, match="layer 'mlp'"):
+        OpDef("bad", "bad", args=("x", "w"), w_dtype=w_dtype, out_dtype="float32", fallback="f", max_m=1, min_n=1, max_n=1, min_k=1,
+              max_k=1, threshold="box", grid=(), settings=(), layer="mlp")
 
 
 def test_shapes_per_rank_follow_the_published_configs(catalog: dict[str, models.Model]) -> None:

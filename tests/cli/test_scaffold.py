@@ -248,3 +248,74 @@ def test_a_registered_plugin_name_and_an_importable_module_are_taken(tmp_path: P
     monkeypatch.syspath_prepend(str(tmp_path))
     assert (scaffold.name_taken("mine7") or "").startswith("a module hwprofile_mine7 is importable here")
     assert scaffold.name_taken("free_name_42") is None
+
+
+# --- a plugin on the shared kernel family (issue 35: what sm100 and sm120 share, in hwprofile.plugin helpers) -------
+
+ROOT = Path(__file__).parents[2]
+FAMILY_HELPERS = ("family_kernels(", "unmeasured_settings(", "arch_env_defaults(")
+
+
+def _code_lines(text: str) -> int:
+    return sum(1 for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("#", '"""')))
+
+
+def test_a_family_plugin_is_short_and_built_on_the_shared_helpers() -> None:
+    """The scaffold's family plugin and sm100 / sm120 state only what differs (name, targets, tuning, reasons):
+    kernels, settings and env defaults are one helper call each, and the tests subclass pytest_hwprofile.family."""
+    generated = scaffold.files("sm110", "11.0", "sm_110a", family=True)
+    module = generated["src/hwprofile_sm110/__init__.py"]
+    assert all(h in module for h in FAMILY_HELPERS) and "kernel_specs(" not in module
+    assert _code_lines(module) <= 50, _code_lines(module)
+    assert "FamilyPlanChecks" in generated["tests/test_plugin.py"] and "FamilyGPUChecks" in generated["tests/test_plugin.py"]
+    for name in ("sm100", "sm120"):
+        src = (ROOT / "plugins" / name / "src" / f"hwprofile_{name}" / "__init__.py").read_text()
+        assert all(h in src for h in FAMILY_HELPERS) and "gate_kernel_spec(" not in src and "EnvDefault(" not in src, name
+        assert _code_lines(src) <= 50, (name, _code_lines(src))
+        tests = "".join(p.read_text() for p in (ROOT / "plugins" / name / "tests").glob("*.py"))
+        assert "(FamilyPlanChecks)" in tests and "(FamilyGPUChecks)" in tests, name
+
+
+def test_a_family_plugin_needs_clusters() -> None:
+    with pytest.raises(HwprofileError, match=r"--family needs compute capability 9\.0 or later"):
+        scaffold.files("myl40s", "8.9", family=True)
+
+
+def test_a_family_scaffold_resolves_with_every_op_and_the_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from hwprofile.plugin import PREBUILT_SHAPES, compile_kernel
+    from hwprofile.profiles import build_profile
+
+    scaffold.write(tmp_path / "sm110", "sm110", "11.0", "sm_110a", family=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "sm110" / "src"))
+    mod = importlib.import_module("hwprofile_sm110")
+    reg = Registry({})
+    reg.register(mod, "sm110", distribution="hwprofile-sm110", version="0.1.0")
+    prof = build_profile(DeviceInfo(0, "x", (11, 0), simulated=True), reg, {})
+    assert prof.plugin is not None and prof.plugin.name == "sm110" and prof.target == "sm_110a"
+    assert set(prof.kernels) == {*PREBUILT_SHAPES, "moe_gate"}
+    assert all(i.startswith("hwp_sm110_") for spec in prof.kernels.values() for i in spec.instances)
+    assert prof.env_defaults["TORCH_CUDA_ARCH_LIST"].value == "11.0a"
+    assert "not measured on SM110" in prof.explain("gemv.model").winner.reason
+    if _has_nvrtc():
+        assert compile_kernel(prof.kernels["gemv"], prof.target).cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device"
+)
+@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
+def test_a_family_scaffold_passes_its_own_tests_installed(tmp_path: Path) -> None:
+    pkg = tmp_path / "hwprofile-sm110"
+    assert main(["new-plugin", "sm110", "--capability", "11.0", "--target", "sm_110a", "--family", "--dir", str(pkg)]) == 0
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-build-isolation", str(pkg)], check=True, capture_output=True)
+    try:
+        own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(pkg / "tests")],
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert own.returncode == 0, own.stdout[-3000:]
+        # the plan checks (one of two devices of a capability skips: it has one) and the compile; the GPU checks skip here
+        assert re.search(r"\b4 passed, 18 skipped\b", own.stdout), own.stdout[-2000:]
+    finally:
+        subprocess.run([*pip, "uninstall", "-y", "-q", "hwprofile-sm110"], check=True, capture_output=True)

@@ -98,8 +98,8 @@ def test_doctor_shows_the_verdicts(gpu: None, monkeypatch: pytest.MonkeyPatch, c
 
 def test_sm90_measured_values_are_not_reported_unmeasured(no_downstream: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the H200 sweep measured (the per-shape tables and models it ships) is measured; what sm90 predicts
-    (``hwprofile_sm90.PREDICTED``, the fused gate) is not; the kernels' limits are not measurements at all."""
-    from hwprofile_sm90 import PREDICTED
+    (``hwprofile_sm90.predicted()``, the fused gate) is not; the kernels' limits are not measurements at all."""
+    from hwprofile_sm90 import predicted
 
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     hwprofile.reset()
@@ -107,7 +107,7 @@ def test_sm90_measured_values_are_not_reported_unmeasured(no_downstream: None, m
     un = tuning.unmeasured(prof)
     for op in OPS:
         for key in (f"{op}.measured", f"{op}.model"):
-            assert (key in un) == (op in PREDICTED), key
+            assert (key in un) == (op in predicted()), key
             if key not in un:
                 assert isinstance(prof.explain(key).winner.stamp, tuning.Stamp), key
     assert "moe_gate.model" in un

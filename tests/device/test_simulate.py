@@ -190,9 +190,11 @@ def test_profile_fixture_skips_without_a_device(pytester: pytest.Pytester, monke
 
 
 def test_pytest_plugin_module_is_top_level_and_outside_hwprofile() -> None:
+    import hwprofile
     import pytest_hwprofile
 
-    assert pytest_hwprofile.__name__ == "pytest_hwprofile" and "hwprofile" not in Path(pytest_hwprofile.__file__).parent.name
+    core = Path(hwprofile.__file__).resolve().parent
+    assert pytest_hwprofile.__name__ == "pytest_hwprofile" and core not in Path(pytest_hwprofile.__file__).resolve().parents
     assert "hwprofile.testing" not in sys.modules
 
 

@@ -270,3 +270,30 @@ def test_decide_checks_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (d.gate, d.basis) == ("empty", "fixed")
     assert ops.decide("moe_gate", hwprofile.profile(), m=4, n=256, k=7168) == ops.decide_moe_gate(
         hwprofile.profile(), m=4, n=256, k=7168, top_k=8)  # ops.decide: a plain top-min(8, N) selection
+
+
+def test_a_call_plans_once_and_a_repeated_shape_not_at_all(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Issue 35: moe_gate planned its launch twice per call. The route and its plan are remembered per
+    (device, M, N, K, n_group, topk_group, top_k): the first call plans once, the next calls of that shape never."""
+    plans: list[tuple[int, int, int]] = []
+    real_plan = ops._gate.plan
+
+    def counting_plan(prof: Any, m: int, n: int, k: int, *rest: Any) -> Any:
+        plans.append((m, n, k))
+        return real_plan(prof, m, n, k, *rest)
+
+    launched: list[Any] = []
+
+    def launch(t: Any, plan: Any, x: Any, w: Any, bias: Any, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int,
+               *rest: Any) -> tuple[Any, Any]:
+        launched.append(plan)
+        return torch.zeros(m, top_k, dtype=torch.int64), torch.zeros(m, top_k)
+
+    monkeypatch.setattr(ops._gate, "plan", counting_plan)
+    monkeypatch.setattr(ops._gate, "launch", launch)
+    h, w, b = inputs(4, 256)
+    ops.moe_gate(h, w, b, **DSV3)
+    assert plans == [(4, 256, 64)] and len(launched) == 1
+    ops.moe_gate(h, w, b, **DSV3)
+    ops.moe_gate(h, w, b, **DSV3)
+    assert plans == [(4, 256, 64)] and len(launched) == 3 and launched[0] is launched[1] is launched[2]

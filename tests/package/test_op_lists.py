@@ -94,3 +94,43 @@ def test_no_shipped_module_keeps_a_dict_keyed_by_op() -> None:
 def test_the_scan_sees_an_op_keyed_dict() -> None:
     src = 'A = {"gemv": 1}\nB = dict(router_gemm=2)\nC = {op: 3 for op in OPS}\nD = {"gemv.split_k": True}\n'
     assert _op_keyed_dicts(ast.parse(src)) == [(1, ["gemv"]), (2, ["router_gemm"])]
+
+
+#: where shipped code may name an op by its string: the public face, one short function per op (its entry by name)
+FACES = {"core/src/hwprofile/ops/__init__.py"}
+
+
+def _op_names_used(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, op) of each op name compared with (``op == "gemv"``, ``op in {...}``), listed in a container, or looked up
+    (``ENTRIES["router_gemm"]``): a branch or a set of ops a new op would silently miss."""
+    from hwprofile.optable import TABLE
+
+    out = []
+    for node in ast.walk(tree):
+        consts: list[ast.expr] = []
+        if isinstance(node, ast.Compare):
+            consts = [node.left, *node.comparators]
+        elif isinstance(node, ast.List | ast.Tuple | ast.Set):
+            consts = list(node.elts)
+        elif isinstance(node, ast.Subscript):
+            consts = [node.slice]
+        out += [(node.lineno, c.value) for c in consts if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in TABLE]
+    return out
+
+
+def test_no_shipped_module_branches_on_an_op_name() -> None:
+    """Which served layers feed an op, which GEMM a gate's logits come from: facts of the op table (``OpDef.layer``,
+    ``GateDef.gemm``), never ``op in {"router_gemm", "linear_bf16_fp32"}`` in the module that reads them."""
+    found = []
+    for top in SHIPPED:
+        for path in sorted(ROOT.glob(f"{top}/**/*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel == "core/src/hwprofile/optable.py" or rel in FACES:
+                continue
+            found += [f"{rel}:{line} names {op!r}" for line, op in _op_names_used(ast.parse(path.read_text(), rel))]
+    assert not found, "ops named outside the op table (declare the fact in hwprofile.optable):\n" + "\n".join(found)
+
+
+def test_the_scan_sees_an_op_name_branch() -> None:
+    src = 'if op == "gemv": pass\nA = {"router_gemm", "x"}\nB = E["moe_gate"]\nC = op == "gemv.split_k"\n'
+    assert _op_names_used(ast.parse(src)) == [(1, "gemv"), (2, "router_gemm"), (3, "moe_gate")]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -38,14 +41,42 @@ def test_metadata_fit_to_publish(d: str) -> None:
 
 
 @pytest.mark.parametrize("d", DISTS)
-def test_typed_claim_is_backed_by_py_typed(d: str) -> None:
-    """``Typing :: Typed`` exactly where every package ships a py.typed (PEP 561); a single-module
-    distribution (pytest-hwprofile) has no package to carry one, so it must not claim it."""
-    pkgs = [p for p in (ROOT / d / "src").iterdir() if p.is_dir() and not p.name.endswith(".egg-info") and p.name != "__pycache__"]
+def test_every_distribution_is_typed(d: str) -> None:
+    """Every distribution is typed (mypy --strict over all of them) and says so: ``Typing :: Typed``, and every
+    package ships a py.typed as package data (PEP 561). A single-module distribution has no package to carry one,
+    so none is one (pytest-hwprofile was, and its users' type checkers saw it untyped)."""
+    src = ROOT / d / "src"
+    pkgs = [p for p in src.iterdir() if p.is_dir() and not p.name.endswith(".egg-info") and p.name != "__pycache__"]
+    assert pkgs and not list(src.glob("*.py")), f"{d}: a top-level module cannot carry py.typed: make it a package"
     data = tomllib.loads((ROOT / d / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {}).get("package-data", {})
-    shipped = bool(pkgs) and all((p / "py.typed").is_file() and "py.typed" in " ".join(data.get(p.name, [])) for p in pkgs)
-    claimed = "Typing :: Typed" in project(d)["classifiers"]
-    assert claimed == shipped, f"{d}: claims Typing :: Typed: {claimed}; every package ships a py.typed as package data: {shipped}"
+    for p in pkgs:
+        assert (p / "py.typed").is_file() and "py.typed" in data.get(p.name, []), f"{d}: {p.name} ships no py.typed as package data"
+    assert "Typing :: Typed" in project(d)["classifiers"], f"{d}: typed, but its classifiers do not say Typing :: Typed"
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each distribution's wheel, built as CI builds them (pip wheel), without an isolated build environment (seconds, no network)."""
+    pytest.importorskip("setuptools", "77")
+    out = tmp_path_factory.mktemp("wheels")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                            *(str(ROOT / d) for d in DISTS)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    found = {}
+    for d in DISTS:
+        name = project(d)["name"].replace("-", "_")
+        (found[d],) = out.glob(f"{name}-*.whl")
+    return found
+
+
+@pytest.mark.parametrize("d", DISTS)
+def test_every_wheel_ships_py_typed(d: str, wheels: dict[str, Path]) -> None:
+    """What a user installs: each top-level package of the wheel holds its py.typed, and there is no top-level module."""
+    names = zipfile.ZipFile(wheels[d]).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top and all(f"{t}/__init__.py" in names for t in top), f"{wheels[d].name}: top-level modules {sorted(top)}"
+    missing = sorted(t for t in top if f"{t}/py.typed" not in names)
+    assert not missing, f"{wheels[d].name} ships no py.typed for {missing}"
 
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)")  # [text](target), ![alt](target)

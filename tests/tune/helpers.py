@@ -26,11 +26,11 @@ class FakeTimer:
         return Point(m, n, k, [kern] * 5, [7.0] * 5, [kern, kern], [7.0, 7.0])
 
 
-#: The ops sm90 ships predicted (the bandwidth rule, no sweep: hwprofile_sm90.PREDICTED and the gate kind):
+#: The ops sm90 ships predicted (the bandwidth rule, no sweep: hwprofile_sm90.predicted() and the gate kind):
 #: unmeasured on an H200, so tune measures them by default.
-PREDICTED = [op for op in TABLE if op in hwprofile_sm90.PREDICTED or op in GATES]
+PREDICTED = [op for op in TABLE if op in hwprofile_sm90.predicted() or op in GATES]
 #: The ops sm90 ships swept on an H200 (fresh on one), in the op table's order.
-SWEPT = [op for op in OPS if op not in hwprofile_sm90.PREDICTED]
+SWEPT = [op for op in OPS if op not in hwprofile_sm90.predicted()]
 
 
 def shipped(key: str) -> Any:

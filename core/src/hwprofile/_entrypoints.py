@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 from . import _state
 
+#: The entry-point group of hwprofile plugins (here, not in ``registry``: reading it needs no pluggy).
+ENTRY_POINT_GROUP = "hwprofile.plugins"
 _SEPARATORS = re.compile(r"[-_.]+")
 
 

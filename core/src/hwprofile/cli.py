@@ -228,8 +228,7 @@ def _models_hint() -> str:
 def version_text() -> str:
     """``hwprofile --version``: core, then every plugin, from package metadata (no plugin is imported)."""
     from . import __version__
-    from ._entrypoints import find_entry_points, natural_key
-    from .registry import ENTRY_POINT_GROUP
+    from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points, natural_key
 
     lines = [f"hwprofile {__version__} (Python {sys.version.split()[0]})"]
     for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: natural_key(e.name)):
@@ -1045,7 +1044,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     from . import scaffold
 
     directory = args.dir or Path(f"hwprofile-{args.name}")
-    written = scaffold.write(directory, args.name, args.capability, args.target)
+    written = scaffold.write(directory, args.name, args.capability, args.target, family=args.family)
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
@@ -1187,6 +1186,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capability", required=True, help="exact compute capability served, e.g. 8.9")
     s.add_argument("--target", help="NVRTC target (default sm_<major><minor>)")
     s.add_argument("--dir", type=_user_path, help="where to write it (default ./hwprofile-<name>)")
+    s.add_argument("--family", action="store_true",
+                   help="a plugin on hwprofile's shared kernel family: every op and the MoE gate (compute capability 9.0+)")
     s.set_defaults(fn=cmd_new_plugin)
     s = sub.add_parser("cache", help="show or clear the kernel cache")
     s.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
@@ -1325,6 +1326,11 @@ def _main(argv: Sequence[str] | None, *, program: bool) -> int:
             raise  # an engine calling main() in its own process keeps its Ctrl-C
         return _fail("interrupted", 130)
     except Exception as exc:
+        from ._deps import missing
+
+        dep = missing(exc)  # an installation problem, not a bug: which package, and the command that installs it
+        if dep is not None:
+            return _fail(f"error: {dep}", 2)
         if _env.TRACEBACK.read():
             raise
         return _fail(f"internal error: {type(exc).__name__}: {exc}. This is a bug; rerun with {_env.TRACEBACK.name}=1 to see where", 3)

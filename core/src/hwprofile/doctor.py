@@ -12,7 +12,10 @@
 * **paths**, **devices** (name, capability, selected plugin, NVRTC target, profile fingerprint;
   simulated ones marked), and **checks**, each failure with its fix.
 
-Reading the report never fails: what cannot be read is reported as such. Never imports torch and
+Reading the report never fails: what cannot be read is reported as such. A missing dependency (pluggy,
+nvidia-ml-py, cuda-bindings, the NVRTC library: ``hwprofile._deps``) is a check naming the package and its install
+command, and the rest is still read: the plugins from their entry points, and without NVML the CUDA driver's view
+(cuda-bindings) and torch's (asked in a child process). Never imports torch and
 never creates a CUDA context. :data:`FORMAT` versions the JSON (``hwprofile doctor --json``): keys are
 only ever added under one format number.
 """
@@ -26,7 +29,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _env
+from . import _deps, _env
 from .errors import HwprofileError
 
 #: Version of ``hwprofile doctor --json``'s layout (the ``format`` key).
@@ -122,9 +125,8 @@ def _environment(extra: set[str]) -> dict[str, str]:
 def collect() -> Report:
     """The whole report, its ``checks`` included (FAIL only for what compiling or running kernels needs and is broken)."""
     from . import __version__, kernels
-    from ._entrypoints import find_entry_points, installed_version, natural_key
+    from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points, installed_version, natural_key
     from .profiles import detect
-    from .registry import ENTRY_POINT_GROUP
 
     r = Report()
     v = r.versions
@@ -140,11 +142,13 @@ def collect() -> Report:
         found = installed_version(w)
         if found is not None:
             v[w] = found
+    nvrtc_problem = ""
     try:
         nv = kernels.nvrtc_version()
         v["nvrtc"] = f"{nv[0]}.{nv[1]}"
     except Exception as exc:  # noqa: BLE001 - reported by the checks
         nv = None
+        nvrtc_problem = _error_text(exc)
         v["nvrtc"] = f"not usable ({exc})"
     detect_failed = None
     try:
@@ -165,11 +169,86 @@ def collect() -> Report:
     r.env_defaults = _env_defaults(profiles)
     r.environment = _environment({e["name"] for e in r.env_defaults})
     r.paths = _paths(det)
-    r.checks = _checks(det, nv, torch_cuda)
+    r.checks = _checks(det, nv, torch_cuda, nvrtc_problem)
     if detect_failed is not None:
         r.checks[0] = detect_failed
-    r.checks[1:1] = problems  # right after the devices check
+    r.checks[1:1] = [*_dependencies(r), *problems]  # right after the devices check
     return r
+
+
+def _dependencies(r: Report) -> list[Check]:
+    """pluggy or nvidia-ml-py not installed: a FAIL naming it with its install command, and what can be read
+    without it (the plugins from their entry points, in ``versions``; without NVML, the CUDA driver's and torch's
+    view of the devices). cuda-bindings and NVRTC have checks of their own (:func:`_checks`)."""
+    out = []
+    dep = _deps.absent("pluggy")
+    if dep is not None:
+        out.append(Check(dep.distribution, "FAIL", _deps.text(dep, "no profile can be resolved; the plugins in versions are "
+                                                                "read from their entry points, not loaded"), dep.install))
+    dep = _deps.absent("pynvml")
+    if dep is not None:
+        driver, cuda, n_driver = _driver_view()
+        if cuda is not None and r.versions.get("driver CUDA") is None:
+            r.versions["driver CUDA"] = cuda
+        torch_view, n_torch = _torch_view()
+        sees = max(n_driver, n_torch)
+        why = f"the CUDA driver or torch sees {sees} GPU{'' if sees == 1 else 's'}, below" if sees else ""
+        out.append(Check(dep.distribution, "FAIL" if sees else "WARN", _deps.text(dep, why), dep.install))
+        out += [Check("cuda driver", "INFO", driver), Check("torch", "INFO", torch_view)]
+    return out
+
+
+def _driver_view() -> tuple[str, str | None, int]:
+    """The CUDA driver's view through cuda-bindings (no NVML, no context: cuInit and device queries only):
+    (text, driver CUDA version, number of devices)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return f"not read: {_deps.text(_deps.DEPENDENCIES['cuda'])}", None, 0
+    ok = cu.CUresult.CUDA_SUCCESS
+    try:
+        err, v = cu.cuDriverGetVersion()
+        if err != ok:
+            return f"no CUDA driver ({err.name})", None, 0
+        cuda = f"{v // 1000}.{v % 1000 // 10}"
+        (err,) = cu.cuInit(0)
+        err, n = cu.cuDeviceGetCount() if err == ok else (err, 0)
+        if err != ok:
+            return f"CUDA driver {cuda}, no usable device ({err.name})", cuda, 0
+        attr = cu.CUdevice_attribute
+        cc = (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        devices = []
+        for i in range(n):
+            _, dev = cu.cuDeviceGet(i)
+            _, name = cu.cuDeviceGetName(96, dev)
+            major, minor = (cu.cuDeviceGetAttribute(which, dev)[1] for which in cc)
+            devices.append(f"{i} {name.split(bytes(1))[0].decode(errors='replace')} ({major}.{minor})")
+        return f"CUDA driver {cuda}, {n} device{'' if n == 1 else 's'}{': ' if devices else ''}{', '.join(devices)}", cuda, n
+    except Exception as exc:  # noqa: BLE001 - no driver library (cuda.pathfinder's DynamicLibNotFoundError), or an odd one
+        return f"no CUDA driver ({type(exc).__name__}: {exc})", None, 0
+
+
+#: torch's view, asked in a child process: importing torch here costs seconds and prints torch's warnings
+_TORCH_VIEW = (
+    "import json, torch; c = torch.cuda; n = c.device_count() if c.is_available() else 0; "
+    "print(json.dumps([torch.__version__, [f'{i} {c.get_device_name(i)} ({\"%d.%d\" % c.get_device_capability(i)})' for i in range(n)]]))"
+)
+
+
+def _torch_view() -> tuple[str, int]:
+    """What ``torch.cuda`` sees (a child process; only where NVML cannot look): (text, number of devices)."""
+    import json
+    import subprocess
+
+    if torch_versions()[0] is None:
+        return "torch is not installed", 0
+    try:
+        run = subprocess.run([sys.executable, "-c", _TORCH_VIEW], capture_output=True, text=True, timeout=120)
+        version, devices = json.loads(run.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return "torch could not be asked (import torch failed in a child process)", 0
+    n = len(devices)
+    return f"torch {version} sees {n} CUDA device{'' if n == 1 else 's'}{': ' if devices else ''}{', '.join(devices)}", n
 
 
 def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, Any]], list[Check]]:
@@ -180,10 +259,14 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
 
     out: list[tuple[int | None, str | None, Any]] = []
     problems: list[Check] = []
+    unloadable = _deps.absent("pluggy")  # reported once by _dependencies, not per device
     for d in det.devices:
         row = {**d.as_dict(), "plugin": None, "plugin_distribution": None, "plugin_version": None, "target": None, "fingerprint": None,
                "tuned_dir": _tuned_dir(d), "error": None, "selftest": None}
         r.devices.append(row)
+        if unloadable is not None:
+            row["error"] = _deps.text(unloadable)
+            continue
         try:
             prof = profile(d.index)
         except Exception as exc:  # noqa: BLE001 - the report names it; the engine would get the same error
@@ -195,7 +278,7 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
                    plugin_version=p.version if p else None, target=prof.target, fingerprint=prof.fingerprint)
         out.append((d.index, prof.target, prof))
         row["selftest"] = _selftest(prof)
-    if det.devices:
+    if det.devices or unloadable is not None:
         return out, problems
     from ._entrypoints import natural_key
     from .device import DeviceInfo
@@ -235,7 +318,8 @@ def _selftest(prof: Any) -> list[dict[str, Any]] | None:
 
 
 def _error_text(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, HwprofileError) else f"{type(exc).__name__}: {exc}"
+    dep = _deps.missing(exc)
+    return str(exc) if isinstance(exc, HwprofileError) else str(dep) if dep else f"{type(exc).__name__}: {exc}"
 
 
 def _env_defaults(profiles: list[tuple[int | None, str | None, Any]]) -> list[dict[str, Any]]:
@@ -287,7 +371,7 @@ def _tuned_dir(d: Any) -> str | None:
         return None
 
 
-def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> list[Check]:
+def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None, nvrtc_problem: str = "") -> list[Check]:
     """FAIL only for what compiling or running kernels needs and is broken."""
     from . import kernels
 
@@ -310,17 +394,11 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None) -> lis
     if bindings is not None:
         out.append(Check("cuda-python", "OK", f"cuda-bindings {bindings}"))
     else:
-        out.append(
-            Check(
-                "cuda-python",
-                "FAIL",
-                "cuda-bindings is not installed",
-                "pip install 'hwprofile[cu13]' (CUDA 13 driver, 580+) or 'hwprofile[cu12]'",
-            )
-        )
+        dep = _deps.DEPENDENCIES["cuda"]
+        out.append(Check("cuda-python", "FAIL", _deps.text(dep), dep.install))
         return out
     if nv is None:
-        out.append(Check("nvrtc", "FAIL", "NVRTC is not usable", "pip install 'hwprofile[cu13]' (nvidia-cuda-nvrtc) or 'hwprofile[cu12]'"))
+        out.append(Check("nvrtc", "FAIL", f"NVRTC is not usable: {nvrtc_problem}", _deps.NVRTC.install))
         return out
     out.append(Check("nvrtc", "OK", f"NVRTC {nv[0]}.{nv[1]}, targets sm_{', sm_'.join(map(str, kernels.nvrtc_archs()))}"))
     cudart, problem = kernels.cuda_headers()

@@ -41,6 +41,11 @@ class CacheError(KernelError):
     """The kernel cache cannot be used (a shared, foreign or unusable directory, a bad HWPROFILE_CACHE)."""
 
 
+class MissingDependencyError(HwprofileError, ImportError):
+    """A distribution hwprofile needs is not installed (an installation problem, not a bug): the message
+    names the distribution and the command that installs it (``hwprofile._deps``)."""
+
+
 class WriteError(HwprofileError, OSError):
     """A file hwprofile writes for the user (a tuned file, sweep output, a new plugin) could not be written whole.
 

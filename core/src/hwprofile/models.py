@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from ._record import Record, _set, final
 from .errors import SettingError
-from .optable import GATES
+from .optable import TABLE
 
 Shape = tuple[int, int, int]
 
@@ -185,22 +185,20 @@ def _projections(m: Model, tp: int) -> list[tuple[str, int, int]]:
     return out
 
 
-#: which layers feed which op: the projections at M = 1 (bf16 weights; FP8 weights where the model
-#: is served so), the router at the decode batch sizes. A registry of facts of its own: which op a
-#: layer is served by is no fact of the op table.
-_ROUTER_OPS: Final = frozenset({"router_gemm", "linear_bf16_fp32"})
-_PROJECTION_OPS: Final = frozenset({"gemv", "fp8_gemv"})
-
-
 def origins(op: str, models: Mapping[str, Model]) -> dict[Shape, list[str]]:
-    """Each (M, N, K) ``op`` sees in ``models`` with the layers it comes from (``llama-3.1-70b tp=8 o_proj``)."""
+    """Each (M, N, K) ``op`` sees in ``models`` with the layers it comes from (``llama-3.1-70b tp=8 o_proj``): the layers
+    its op-table entry names (``OpDef.layer``), the projections of an FP8-weight op only where the model is served in FP8."""
+    d = TABLE.get(op)
+    if d is None:
+        raise KeyError(f"no op {op!r}; known ops: {', '.join(TABLE)}")
+    fp8_weights = d.w_dtype.startswith("float8")
     out: dict[Shape, list[str]] = {}
     for m in models.values():
-        if (op in _ROUTER_OPS or op in GATES) and m.experts:  # a gate's GEMM is the router's
+        if d.layer == "router" and m.experts:
             for t in m.tp:
                 for rows in ROUTER_M:
                     out.setdefault((rows, m.experts, m.hidden), []).append(f"{m.name} tp={t} router")
-        elif op in _PROJECTION_OPS and (op == "gemv" or m.fp8):
+        elif d.layer == "projection" and (m.fp8 or not fp8_weights):
             for t in m.tp:
                 for layer, n, k in _projections(m, t):
                     out.setdefault((1, n, k), []).append(f"{m.name} tp={t} {layer}")

@@ -40,6 +40,7 @@ class OpDef:
         "grid",
         "k_multiple",
         "k_vec",
+        "layer",
         "max_k",
         "max_m",
         "max_n",
@@ -81,6 +82,10 @@ class OpDef:
     #: the (M, N, K) shapes whose kernel instances ``hwprofile compile`` pre-builds (other shapes compile on first use)
     #: and the self-test checks; the ops with any are the ones the shared skinny-GEMM family computes
     prebuilt: tuple[tuple[int, int, int], ...]
+    #: which layers of a served model feed the op (``hwprofile.models``, what a catalog sweep and ``warmup(models=)``
+    #: take): "router" (the MoE router at the decode batch sizes), "projection" (every weight at M = 1; an FP8-weight op
+    #: only where the model is served in FP8), or None (no served layer: its sweep grid only)
+    layer: str | None
     #: the arguments that get gradients (the fallback's math, fp32 accumulation); an argument not
     #: named here that requires grad in grad mode is refused with an error naming the op and argument
     grads: tuple[str, ...]
@@ -90,7 +95,7 @@ class OpDef:
         max_m: Bound, min_n: Bound, max_n: Bound, min_k: Bound, max_k: Bound, threshold: str, grid: tuple[tuple[int, int, int], ...],
         settings: tuple[SettingDecl, ...], n_multiple: Bound = 1, k_multiple: Bound = 1, roof: tuple[Bound, Bound] | None = None,
         x_dtype: str = "bfloat16", scale_modes: tuple[int, ...] = (NO_SCALE,), grads: tuple[str, ...] | None = None,
-        prebuilt: tuple[tuple[int, int, int], ...] = (),
+        prebuilt: tuple[tuple[int, int, int], ...] = (), layer: str | None = None,
     ) -> None:
         self.name, self.doc, self.args = name, doc, args
         self.x_dtype, self.w_dtype, self.out_dtype, self.scale_modes = x_dtype, w_dtype, out_dtype, scale_modes
@@ -101,6 +106,9 @@ class OpDef:
         if threshold not in ("max_tokens", "box"):
             raise ValueError(f"op {name}: threshold kind {threshold!r} is not 'max_tokens' or 'box'")
         self.threshold, self.grid, self.settings, self.prebuilt = threshold, grid, settings, prebuilt
+        if layer not in (None, "router", "projection"):
+            raise ValueError(f"op {name}: layer {layer!r} is not 'router', 'projection' or None")
+        self.layer = layer
         self.grads = args[:2] if grads is None else grads
         if not set(self.grads) <= set(args):
             raise ValueError(f"op {name}: grads {self.grads} names an argument not in {args}")
@@ -235,6 +243,7 @@ ROUTER_GEMM = OpDef(
     threshold="max_tokens",
     grid=_ROUTER_GRID,
     prebuilt=tuple(dict.fromkeys((*_ROUTER_GRID, *ROUTER_SHAPES))),
+    layer="router",
     settings=(
         _int(
             "router_gemm.max_tokens",
@@ -263,6 +272,7 @@ LINEAR_BF16_FP32 = OpDef(
     threshold="max_tokens",
     grid=_LINEAR_GRID,
     prebuilt=_LINEAR_GRID,
+    layer="router",
     settings=(
         _int(
             "linear_bf16_fp32.max_tokens",
@@ -295,6 +305,7 @@ GEMV = OpDef(
     threshold="box",
     grid=_GEMV_GRID,
     prebuilt=GEMV_SHAPES,
+    layer="projection",
     settings=(
         (
             "gemv.split_k",
@@ -333,6 +344,7 @@ FP8_GEMV = OpDef(
     threshold="box",
     grid=_FP8_GRID,
     prebuilt=GEMV_SHAPES,
+    layer="projection",
     grads=("x",),  # an e4m3 weight and its scale are quantised, frozen: a gradient for them is refused
     settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv"), _model("fp8_gemv")),
 )
@@ -378,6 +390,8 @@ class GateDef:
     x_dtype: Final = "bfloat16"
     w_dtype: Final = "bfloat16"
     logits_dtype: Final = "float32"  #: the GEMM's output on every path (what the selection reads)
+    gemm: Final = "router_gemm"  #: the GEMM op whose custom op computes the logits off the kernel (its autograd formula)
+    layer: Final = "router"  #: the served-model layer that feeds it (:attr:`OpDef.layer`): the gate's GEMM is the router's
     k_vec: Final = 8  #: 16-byte loads of bf16
     n_multiple: Final = 1
     k_multiple: Final = 1

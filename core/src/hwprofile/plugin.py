@@ -48,6 +48,8 @@ The shared skinny-GEMM kernel family (``hwprofile/gemv.cuh``, planned by ``hwpro
   ``check_gate_shape(m=, n=, k=, n_group=, topk_group=, top_k=, what=)`` is its bounds' ``ValueError``
   (and returns the ``MAX_N`` template argument), for a plugin planning the gate on a GEMM of its own;
   ``gate_kernel_spec(package, source, tuning, device)`` the whole spec of a plugin on the family.
+* ``family_kernels(package, source, tuning, device)``: everything a plugin on the family returns from
+  ``hwprofile_kernels``: the op kernels (``kernel_specs``) and the fused gate (``gate_kernel_spec``), one source.
 * ``check_kernel_shape(m=, n=, k=, vec=, max_m=, what=)``: the ``ValueError`` (naming the limit) a
   planner raises for a shape no kernel of the family takes, so a gate can refuse it.
 * ``PREBUILT_SHAPES``: the ops the family computes, each with the (M, N, K) shapes whose instances
@@ -64,9 +66,17 @@ Measured thresholds:
 * ``shipped_values(package, file, op, reason)``: every ``[thresholds]`` value of such a file as a
   ``Value`` carrying that stamp (the per-shape table and the cost model a sweep wrote).
 * ``unmeasured_settings(device, sku=, split_k_reason=)``: what a plugin of an unmeasured SKU states
-  (the cost model's bandwidth-rule defaults, split-K), each saying "not measured on" the SKU.
-* ``rule_model(op, device, sku=)``: one op's ``<op>.model`` by that bandwidth rule at ``device``'s peak
-  bandwidth, for a plugin that measured some ops on its SKU but not ``op`` (sm90's gate, ``PREDICTED``).
+  (the cost model's bandwidth-rule defaults, split-K), each saying "not measured on" the SKU;
+  ``rule_model(op, device, sku=)`` is one op's ``<op>.model`` by that rule (an op a measured plugin has not swept).
+
+Environment defaults:
+
+* ``arch_env_defaults(device, targets, why)``: ``TORCH_CUDA_ARCH_LIST`` for the device's own target (``sm_103a``
+  gives ``10.3a``) saying ``why`` that target, and ``CUDA_MODULE_LOADING=LAZY``: what every architecture plugin proposes.
+
+A plugin on the shared family is then its ``ArchSpec``, its ``ArchTuning``, and one call of each of
+``family_kernels``, ``unmeasured_settings`` and ``arch_env_defaults`` (``hwprofile new-plugin --family`` writes
+one); its tests subclass ``pytest_hwprofile.family``'s checks.
 
 For a plugin's tests:
 
@@ -122,9 +132,11 @@ __all__ = [
     "Setting",
     "Stamp",
     "Value",
+    "arch_env_defaults",
     "check_gate_shape",
     "check_kernel_shape",
     "compile_kernel",
+    "family_kernels",
     "gate_kernel_spec",
     "hookimpl",
     "kernel_specs",
@@ -265,6 +277,28 @@ def unmeasured_settings(device: DeviceInfo, *, sku: str, split_k_reason: str) ->
             out[op.max_m] = Value(16, f"the kernel's limit (M <= 16); inside it the cost model decides; {why}")
     out["gemv.split_k"] = Value(True, f"{split_k_reason}; not bit-identical, opt out with HWPROFILE_GEMV_SPLIT_K=0; not measured on {sku}")
     return out
+
+
+def family_kernels(package: str, source: str, tuning: ArchTuning, device: DeviceInfo) -> list[KernelSpec]:
+    """``hwprofile_kernels``' answer of a plugin on the shared skinny-GEMM family: every op of the family
+    (:func:`kernel_specs`) and the fused MoE gate (:func:`gate_kernel_spec`), all from ``source``, planned for
+    ``device``'s own SM count and shared memory. ``source`` invokes ``HWP_SKINNY_GEMM_ENTRY_POINTS`` and
+    ``HWP_MOE_GATE_ENTRY_POINT`` with the tuning's prefix (sm100's ``kernels/sm100_gemv.cu`` is one)."""
+    return [*kernel_specs(package, source, tuning, device=device), gate_kernel_spec(package, source, tuning, device)]
+
+
+#: what every architecture plugin proposes besides its target, and why
+_LAZY = EnvDefault("LAZY", "load kernels on first use: less context memory, faster start")
+
+
+def arch_env_defaults(device: DeviceInfo, targets: Mapping[tuple[int, int], str], why: str) -> dict[str, EnvDefault]:
+    """``hwprofile_env_defaults``' answer of an architecture plugin: ``TORCH_CUDA_ARCH_LIST`` for ``device``'s own
+    NVRTC target of ``targets`` (its ``ArchSpec``'s; ``sm_103a`` -> ``10.3a``; the first target for a device it does not
+    list), the reason saying ``why`` that target, and ``CUDA_MODULE_LOADING=LAZY``."""
+    target = targets.get(device.compute_capability) or next(iter(targets.values()))
+    digits = target.removeprefix("sm_").rstrip("af")
+    arch = f"{digits[:-1]}.{digits[-1]}{target[len('sm_') + len(digits):]}"
+    return {"TORCH_CUDA_ARCH_LIST": EnvDefault(arch, f"build torch extensions for {target}: {why}"), "CUDA_MODULE_LOADING": _LAZY}
 
 
 def simulated_device(capability: tuple[int, int], name: str | None = None, *, index: int = 0) -> DeviceInfo:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import _env, hookspecs
+from ._entrypoints import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP  # the group, read without pluggy by doctor and the CLI
 from ._entrypoints import find_entry_points, natural_key
 from ._log import get_logger
 from ._record import Record, _set, final
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-ENTRY_POINT_GROUP = "hwprofile.plugins"
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?\Z")
 #: A plugin whose import takes longer than this gets a warning naming it (every process pays it).
 SLOW_IMPORT_S = 1.0

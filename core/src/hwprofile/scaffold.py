@@ -2,7 +2,11 @@
 
 The generated package is the one ``docs/writing-a-plugin.md`` walks through (a test keeps the two
 identical): pyproject with the entry point, hook implementations, a sample kernel shipped as
-package data, and a test that passes as generated once the package is installed.
+package data, and a test that passes as generated once the package is installed. With ``family``
+(``--family``, compute capability 9.0 and later: the kernels use clusters) the package is a plugin on
+hwprofile's shared skinny-GEMM family instead, as hwprofile-sm100 and -sm120 are: every op of the table
+and the fused MoE gate from one short source, through ``hwprofile.plugin``'s helpers, and tests that
+subclass ``pytest_hwprofile.family``'s checks.
 """
 
 from __future__ import annotations
@@ -160,6 +164,122 @@ def test_kernel_compiles_for_its_target():
     assert compiled.cubin[:4] == b"\\x7fELF"
 '''
 
+FAMILY_PYPROJECT = PYPROJECT.replace(
+    "[project.entry-points", '''[project.optional-dependencies]
+# the tests subclass pytest-hwprofile's checks of a plugin on the shared kernel family
+test = ["{pytest_pin}", "pytest>=8"]
+
+[project.entry-points''',
+)
+
+FAMILY_MODULE = '''"""hwprofile-{name}: the architecture plugin for compute capability {major}.{minor} ({target}), on hwprofile's
+shared skinny-GEMM family: every op of the table and the fused MoE gate, planned for the device in hand."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hwprofile.plugin import (
+    ArchSpec,
+    ArchTuning,
+    CatalogEntry,
+    DeviceInfo,
+    EnvDefault,
+    KernelSpec,
+    arch_env_defaults,
+    family_kernels,
+    hookimpl,
+    unmeasured_settings,
+)
+
+NAME = "{name}"
+ARCH = ArchSpec({{({major}, {minor}): "{target}"}}, "compute capability {major}.{minor}")
+# Your reference card's SM count and opt-in shared memory per block (plans take the device's own where it is
+# known); the prefix names the kernels' entry points in kernels/{name}_gemv.cu.
+TUNING = ArchTuning(sm_count={sm_count}, max_shared_bytes={smem}, max_cluster=8, prefix="{prefix}")
+
+
+@hookimpl
+def hwprofile_arch() -> ArchSpec:
+    return ARCH
+
+
+@hookimpl
+def hwprofile_catalog() -> dict[str, CatalogEntry]:
+    # A simulated device for CI without the GPU ({device_var}={device}); the numbers are those of hwprofile's
+    # nearest built-in GPU ({base}): replace them with your GPU's published ones.
+    return {{
+        "{device}": CatalogEntry(
+            name="{device_name}", compute_capability=({major}, {minor}), memory_bytes={memory_bytes}, sm_count={sm_count},
+            l2_cache_bytes={l2_cache_bytes}, max_shared_memory_per_block_optin={smem}, memory_bus_width_bits={bus},
+            max_sm_clock_mhz={sm_clock}, max_memory_clock_mhz={mem_clock},
+        ),
+    }}
+
+
+@hookimpl
+def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    # Nothing measured yet: the cost model by the bandwidth rule, the kernels' M limits and split-K, each saying
+    # "not measured on" this SKU; `hwprofile tune` measures them, and a shipped sweep replaces them.
+    return dict(unmeasured_settings(device, sku=NAME.upper(), split_k_reason="spread small N over the SMs with cluster split-K"))
+
+
+@hookimpl
+def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
+    return arch_env_defaults(device, ARCH.targets, "code paths of this SM are compiled in")
+
+
+@hookimpl
+def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
+    return family_kernels(__name__, "kernels/{name}_gemv.cu", TUNING, device)
+'''
+
+FAMILY_KERNEL = '''// hwprofile-{name}: hwprofile's skinny-GEMM family and fused MoE gate, built by NVRTC for {target} only.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != {arch_num})
+#error "hwprofile-{name} kernels are built for {target} only"
+#endif
+#include <hwprofile/skinny_entry.cuh>
+#include <hwprofile/moe_gate.cuh>
+
+namespace {prefix} {{
+// compute capability {major}.{minor}: opt-in shared memory per block, as TUNING.max_shared_bytes (check your GPU's number)
+using Limits = hwp::FamilyLimits<{smem}>;
+}}  // namespace {prefix}
+
+HWP_SKINNY_GEMM_ENTRY_POINTS({prefix}, {prefix}::Limits)
+HWP_MOE_GATE_ENTRY_POINT({prefix}, {prefix}::Limits)
+'''
+
+FAMILY_TEST = '''"""Runs as generated once the package is installed: pip install '.[test]' && pytest tests
+
+The checks every plugin on hwprofile's shared kernel family runs (pytest_hwprofile.family): the plans on the
+simulated device anywhere, the kernels against float64 on your GPU (skipped without it).
+"""
+
+import pytest
+
+from hwprofile.plugin import compile_kernel, profile_for, simulated_device
+from pytest_hwprofile.family import FamilyGPUChecks, FamilyPlanChecks
+
+
+class TestPlans(FamilyPlanChecks):
+    plugin, prefix = "{name}", "{prefix}"
+    devices = ("{device}",)
+
+
+@pytest.mark.hwprofile_gpu("sm_{major}{minor}")
+class TestKernels(FamilyGPUChecks):
+    plugin, prefix = "{name}", "{prefix}"
+
+
+def test_kernels_compile_for_its_target():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    prof = profile_for(simulated_device(({major}, {minor})))
+    compiled = compile_kernel(prof.kernels["gemv"], prof.target)
+    assert compiled.cubin[:4] == b"\\x7fELF"
+'''
+
 README = '''# hwprofile-{name}
 
 hwprofile architecture plugin for compute capability {major}.{minor} (NVRTC target `{target}`).
@@ -173,8 +293,9 @@ Compiling its kernels needs NVRTC: hwprofile installed with its `[cu13]` (CUDA 1
 '''
 
 
-def files(name: str, capability: str, target: str | None = None) -> dict[str, str]:
-    """The scaffold's files (relative path -> text) for plugin ``name`` serving ``capability``."""
+def files(name: str, capability: str, target: str | None = None, *, family: bool = False) -> dict[str, str]:
+    """The scaffold's files (relative path -> text) for plugin ``name`` serving ``capability`` (``family``: on the shared
+    skinny-GEMM family, which needs compute capability 9.0 or later)."""
     if not _NAME.match(name) or len(name) > _MAX_NAME:
         shown = name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "..."
         raise HwprofileError(f"plugin name {shown!r} is invalid: use at most {_MAX_NAME} lower-case letters, digits and _ (e.g. sm89)")
@@ -193,6 +314,11 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
             f"Leave --target out for {own}, or give the --capability that {target} is for"
         )
     arch_num = major * 100 + minor * 10
+    if family and major < 9:
+        raise HwprofileError(
+            f"--family needs compute capability 9.0 or later (the family's kernels use thread-block clusters), got {major}.{minor}; "
+            "leave --family out for a plugin with a kernel of its own"
+        )
     from . import __version__, catalog
 
     base_key, base = _nearest(catalog, (major, minor))
@@ -204,8 +330,17 @@ def files(name: str, capability: str, target: str | None = None) -> dict[str, st
         "device_name": f"NVIDIA GPU, compute capability {major}.{minor}", "base": f"{base_key}: {base.name}",
         "memory_bytes": base.memory_bytes, "sm_count": base.sm_count, "l2_cache_bytes": base.l2_cache_bytes,
         "smem": base.max_shared_memory_per_block_optin, "bus": base.memory_bus_width_bits, "sm_clock": base.max_sm_clock_mhz,
-        "mem_clock": base.max_memory_clock_mhz,
+        "mem_clock": base.max_memory_clock_mhz, "prefix": f"hwp_{name}",
+        "pytest_pin": f"pytest-hwprofile>={cmaj}.{cmin}.0,<{cmaj}.{cmin + 1}",
     }
+    if family:
+        return {
+            "pyproject.toml": FAMILY_PYPROJECT.format(**fmt),
+            "README.md": README.format(**fmt),
+            f"src/hwprofile_{name}/__init__.py": FAMILY_MODULE.format(**fmt),
+            f"src/hwprofile_{name}/kernels/{name}_gemv.cu": FAMILY_KERNEL.format(**fmt),
+            "tests/test_plugin.py": FAMILY_TEST.format(**fmt),
+        }
     return {
         "pyproject.toml": PYPROJECT.format(**fmt),
         "README.md": README.format(**fmt),
@@ -243,8 +378,7 @@ def name_taken(name: str) -> str | None:
     import importlib.metadata
     import importlib.util
 
-    from ._entrypoints import find_entry_points
-    from .registry import ENTRY_POINT_GROUP
+    from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points
 
     dist = f"hwprofile-{name}"
     try:
@@ -267,7 +401,7 @@ def name_taken(name: str) -> str | None:
     return None
 
 
-def write(directory: Path, name: str, capability: str, target: str | None = None) -> list[Path]:
+def write(directory: Path, name: str, capability: str, target: str | None = None, *, family: bool = False) -> list[Path]:
     """Write the scaffold into ``directory`` (which must not exist, or be an empty directory): whole or not at all.
 
     A ``name`` that :func:`name_taken` says is taken is refused before anything is written: the
@@ -282,7 +416,7 @@ def write(directory: Path, name: str, capability: str, target: str | None = None
 
     from ._files import ensure_directory
 
-    content = files(name, capability, target)
+    content = files(name, capability, target, family=family)
     taken = name_taken(name)
     if taken is not None:
         raise HwprofileError(

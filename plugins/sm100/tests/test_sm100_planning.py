@@ -1,5 +1,5 @@
-"""The sm100 plugin's plans, on the CPU: one plugin serves B200 and B300 (148 SMs) and GB300 (152),
-and each is planned for its own SM count; the long-K GEMVs stream x through shared memory in chunks."""
+"""The sm100 plugin's plans, on the CPU: one plugin serves B200 and B300 (148 SMs) and GB300 (152), and each is
+planned for its own SM count. What every plugin on the shared family must hold is pytest_hwprofile.family's."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ import pytest
 
 import hwprofile
 from hwprofile import tuning
+from hwprofile.plugin import OPS
+from pytest_hwprofile.family import FamilyPlanChecks
+
+
+class TestSm100Plans(FamilyPlanChecks):
+    plugin, prefix = "sm100", "hwp100"
+    devices = ("b200", "b300", "gb300")
+    same_capability = ("b300", "gb300")  # 10.3: 148 and 152 SMs
 
 
 def profile(name: str, monkeypatch: pytest.MonkeyPatch) -> hwprofile.Profile:
@@ -26,21 +34,20 @@ def test_router_cluster_follows_the_devices_sm_count(name: str, sms: int, cluste
     assert la.name_expression.startswith("hwp100_skinny_mma<false, float,") and la.grid == (53, cluster, 1)
 
 
-def test_gb300_plan_digest_is_not_b300s(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same capability (10.3), same plugin: a sweep stamped on one does not carry the other's plan digest."""
+def test_gb300_plan_digest_is_not_b300s_for_any_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same capability (10.3), same plugin: a sweep stamped on one carries none of the other's plan digests."""
     digests = {}
     for name in ("b300", "gb300"):
         prof = profile(name, monkeypatch)
-        digests[name] = {op: tuning.plan_digest(op, spec) for op, spec in prof.kernels.items()}
+        digests[name] = {op: tuning.plan_digest(op, prof.kernels[op]) for op in OPS}  # a GEMM op's plan digest (the gate has none)
     assert all(digests["b300"][op] != digests["gb300"][op] for op in digests["b300"])
 
 
 @pytest.mark.parametrize("op", ["gemv", "fp8_gemv"])
-def test_long_k_streams_x_in_chunks(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_k_chunk_width(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk of x a streamed GEMV holds: 512 bf16 weight vectors, 256 FP8 ones (the template's last argument)."""
     spec = profile("b200", monkeypatch).kernels[op]
     kw = {"scale": 2} if op == "fp8_gemv" else {}
-    whole = spec.configure(m=1, n=8192, k=16384, split_k=False, **kw)  # 32 KB of x: staged whole
-    assert whole.shared_bytes == 32 * 1024 and not whole.name_expression.endswith(("512>", "256>"))
     for k in (25600, 28672, 32768):
         la = spec.configure(m=1, n=8192, k=k, split_k=False, **kw)
         assert la.shared_bytes == 16 * 1024 and la.name_expression.endswith(", 256>" if op == "fp8_gemv" else ", 512>")

@@ -1,14 +1,20 @@
-"""The sm120 plugin's plans, on the CPU: its SMs have about 99 KB of shared memory per block, so the
-GEMV's x is streamed through shared memory in chunks past 32 KB a block, on both of its devices, and
-each device is planned for its own SM count."""
+"""The sm120 plugin's plans, on the CPU: its SMs have about 99 KB of shared memory per block, and each device is
+planned for its own SM count. What every plugin on the shared family must hold is pytest_hwprofile.family's."""
 
 from __future__ import annotations
 
 import pytest
 
 from hwprofile.plugin import plan_skinny_gemm, profile_for, simulated_device
+from pytest_hwprofile.family import FamilyPlanChecks
 
 DEVICES = {(12, 0): 188, (12, 1): 48}  # RTX PRO 6000, DGX Spark GB10: SM counts the plugin plans for
+
+
+class TestSm120Plans(FamilyPlanChecks):
+    plugin, prefix = "sm120", "hwp120"
+    devices = ("rtx-pro-6000", "rtx-5090", "dgx-spark")
+    same_capability = ("rtx-5090", "rtx-pro-6000")  # 12.0: 170 and 188 SMs
 
 
 @pytest.mark.parametrize("cc", sorted(DEVICES))
@@ -20,27 +26,18 @@ def test_gemv_streams_long_x_through_99_kb(cc: tuple[int, int]) -> None:
         la = gemv.configure(m=1, n=65536, k=65536, split_k=split)
         assert la.name_expression.startswith("hwp120_gemv_simt<") and la.name_expression.endswith(", 512>")
         assert la.shared_bytes == 16 * 1024 <= 99 * 1024
-    whole = gemv.configure(m=1, n=65536, k=16384, split_k=False)  # 32 KB: staged whole, as before
-    assert whole.shared_bytes == 32 * 1024 and whole.name_expression.endswith(", 0>")
 
 
-@pytest.mark.parametrize(("name", "sms", "split"), [("rtx-5090", 170, 1), ("rtx-pro-6000", 188, 2)])
-def test_each_cc_12_0_card_plans_for_its_own_sms(name: str, sms: int, split: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("name", "split"), [("rtx-5090", 1), ("rtx-pro-6000", 2)])
+def test_each_cc_12_0_card_splits_for_its_own_sms(name: str, split: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both CC 12.0: the catalog's RTX 5090 (170 SMs) is not planned as the RTX PRO 6000 (188)."""
     import hwprofile
-    from hwprofile import tuning
 
     monkeypatch.setenv("HWPROFILE_DEVICE", name)
     hwprofile.reset()
     prof = hwprofile.profile(0)
-    assert prof.device.attributes().sm_count == sms
     # N = 4200: 525 groups of 8 rows, under 3 a SM on 188 SMs (split K over 2 blocks), not on 170
     assert prof.kernels["gemv"].configure(m=1, n=4200, k=4096, split_k=True).grid == (525, split, 1)
-    digests = {op: tuning.plan_digest(op, spec) for op, spec in prof.kernels.items()}
-    monkeypatch.setenv("HWPROFILE_DEVICE", "rtx-5090" if name == "rtx-pro-6000" else "rtx-pro-6000")
-    hwprofile.reset()
-    other = hwprofile.profile(0)
-    assert any(tuning.plan_digest(op, spec) != digests[op] for op, spec in other.kernels.items())
 
 
 def test_tuning_follows_the_device() -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from .. import _state
+from .. import _deps, _state
 from ..errors import KernelCompileError, ToolchainError
 from .spec import OWN_INCLUDE, option_values
 
@@ -46,14 +46,17 @@ MIN_NVRTC: dict[str, tuple[int, int]] = {
 _TARGET_RE = re.compile(r"^sm_\d{2,3}[af]?\Z")
 
 
+@cache
 def _nvrtc() -> Any:
+    """cuda-bindings' NVRTC module, its library loaded: a missing wheel is a ToolchainError naming it, never a bare loader error."""
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:
-        raise ToolchainError(
-            f"cuda-python's NVRTC bindings are not importable ({exc}); install them with "
-            "pip install 'hwprofile[cu13]' (CUDA 13 driver, 580+) or 'hwprofile[cu12]' (CUDA 12 driver)"
-        ) from None
+        raise ToolchainError(_deps.text(_deps.DEPENDENCIES["cuda"], f"cuda-python's NVRTC bindings are not importable: {exc}")) from None
+    try:
+        nvrtc.nvrtcVersion()  # loads libnvrtc (cuda-bindings finds it on the first call)
+    except Exception as exc:  # noqa: BLE001 - cuda.pathfinder's DynamicLibNotFoundError, an OSError or RuntimeError of the loader
+        raise ToolchainError(_deps.text(_deps.NVRTC, f"the NVRTC library cannot be loaded: {type(exc).__name__}: {exc}")) from None
     return nvrtc
 
 

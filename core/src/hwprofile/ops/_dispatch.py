@@ -421,6 +421,9 @@ def _reinit_locks_in_child() -> None:
 
 #: called with each new dispatch table before any op uses it (``hwprofile.ops`` adds the opt-in self-test)
 on_new_table: list[Callable[[_Table], None]] = []
+#: the gate kind's :func:`decide` (``_gate.decide``, set when ``_gate`` loads): ``_gate`` routes through this module,
+#: so this module must not import it, not even inside a function (an import circle: tests/package/test_import_graph.py)
+decide_gate: Callable[..., Decision] | None = None
 
 
 def table(index: int) -> _Table:
@@ -467,9 +470,9 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"decide({op!r}): {dim} must be an int >= 0, got {v!r}")
     if op in GATES:  # the gate kind: its own route, with a plain top-min(8, N) selection (ops.decide_moe_gate takes the rest)
-        from . import _gate
-
-        return _gate.decide(prof, m=m, n=n, k=k, top_k=max(1, min(8, n)))
+        if decide_gate is None:  # unreachable through hwprofile.ops, whose import loads _gate
+            raise AssertionError("hwprofile.ops._gate is not loaded: import hwprofile.ops")
+        return decide_gate(prof, m=m, n=n, k=k, top_k=max(1, min(8, n)))
     t = _tables.get(prof.device.index)
     if t is None or t.prof is not prof:
         t = _Table(prof)

@@ -171,6 +171,9 @@ def decide(prof: Profile, *, m: int, n: int, k: int, n_group: int = 1, topk_grou
     )
 
 
+_dispatch.decide_gate = decide  # ops.decide("moe_gate", ...): _dispatch reaches the gate kind through this, never by import
+
+
 def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, str | None, Any]:
     t = _dispatch.table(idx)
     _, m, n, k, n_group, topk_group, top_k = key
@@ -308,7 +311,7 @@ def eager(x: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_group: int, t
     if (x.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
         from ._dispatch import ENTRIES
 
-        logits = ENTRIES["router_gemm"].custom(x, w)  # router_gemm's custom op: its backward
+        logits = ENTRIES[MOE_GATE.gemm].custom(x, w)  # router_gemm's custom op: its backward
         return select_torch(logits, bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
     idx = x.get_device()
     if idx < 0:
@@ -368,7 +371,7 @@ def _compiled(hidden: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_grou
     if (hidden.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
         from ._dispatch import ENTRIES
 
-        return select_torch(ENTRIES["router_gemm"].custom(x, w), bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
+        return select_torch(ENTRIES[MOE_GATE.gemm].custom(x, w), bias, n_group, topk_group, top_k, renormalize, scaling, scoring)
     if all(_dispatch._static(d) for d in (*hidden.shape, *w.shape)):
         dev = hidden.device
         idx = dev.index if dev.type == "cuda" else _dispatch._cpu_index if dev.type == "cpu" else -1

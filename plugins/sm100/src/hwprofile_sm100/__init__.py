@@ -15,9 +15,9 @@ from hwprofile.plugin import (
     DeviceInfo,
     EnvDefault,
     KernelSpec,
-    gate_kernel_spec,
+    arch_env_defaults,
+    family_kernels,
     hookimpl,
-    kernel_specs,
     unmeasured_settings,
 )
 
@@ -25,12 +25,12 @@ NAME = "sm100"
 # B200 and B300 have 148 SMs, GB300 152: plans take the device's own count (kernel_specs(device=)), this
 # one only where it is unknown. 227 KB opt-in shared memory per block.
 TUNING = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, max_cluster=8, prefix="hwp100")
-_ARCH_LIST = {(10, 0): "10.0a", (10, 3): "10.3a"}
+ARCH = ArchSpec({(10, 0): "sm_100a", (10, 3): "sm_103a"}, "NVIDIA Blackwell datacenter (B200, B300, GB300): tcgen05, TMEM")
 
 
 @hookimpl
 def hwprofile_arch() -> ArchSpec:
-    return ArchSpec({(10, 0): "sm_100a", (10, 3): "sm_103a"}, "NVIDIA Blackwell datacenter (B200, B300, GB300): tcgen05, TMEM")
+    return ARCH
 
 
 # Nothing here was measured on SM100 (no such GPU here): every value is hwprofile.plugin.unmeasured_settings's, the
@@ -48,18 +48,11 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
 
 @hookimpl
 def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
-    arch = _ARCH_LIST.get(device.compute_capability, "10.0a")
-    return {
-        "TORCH_CUDA_ARCH_LIST": EnvDefault(
-            arch, f"build torch extensions for sm_{arch[:-1].replace('.', '')}a: tcgen05/TMEM need the arch-specific target"
-        ),
-        "CUDA_MODULE_LOADING": EnvDefault("LAZY", "load kernels on first use: less context memory, faster start"),
-    }
+    return arch_env_defaults(device, ARCH.targets, "tcgen05/TMEM need the arch-specific target")
 
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     """The shared skinny-GEMM family (and ``ops.moe_gate``'s fused gate on it) for sm_100a / sm_103a,
     planned for this device's SM count and shared memory."""
-    source = "kernels/sm100_gemv.cu"
-    return [*kernel_specs(__name__, source, TUNING, device=device), gate_kernel_spec(__name__, source, TUNING, device)]
+    return family_kernels(__name__, "kernels/sm100_gemv.cu", TUNING, device)

@@ -16,9 +16,9 @@ from hwprofile.plugin import (
     DeviceInfo,
     EnvDefault,
     KernelSpec,
-    gate_kernel_spec,
+    arch_env_defaults,
+    family_kernels,
     hookimpl,
-    kernel_specs,
     unmeasured_settings,
 )
 
@@ -32,11 +32,12 @@ _TUNING = {
 }
 
 
+ARCH = ArchSpec({(12, 0): "sm_120a", (12, 1): "sm_121a"}, "NVIDIA Blackwell workstation / DGX Spark: no tcgen05/TMEM, ~99 KB smem/block")
+
+
 @hookimpl
 def hwprofile_arch() -> ArchSpec:
-    return ArchSpec(
-        {(12, 0): "sm_120a", (12, 1): "sm_121a"}, "NVIDIA Blackwell workstation / DGX Spark: no tcgen05/TMEM, ~99 KB smem/block"
-    )
+    return ARCH
 
 
 # Nothing here was measured on SM120 (no such GPU here): every value is hwprofile.plugin.unmeasured_settings's, the
@@ -57,17 +58,11 @@ def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[
 
 @hookimpl
 def hwprofile_env_defaults(device: DeviceInfo, settings: Mapping[str, Any]) -> dict[str, EnvDefault]:
-    arch = "12.1a" if device.compute_capability == (12, 1) else "12.0a"
-    return {
-        "TORCH_CUDA_ARCH_LIST": EnvDefault(arch, "build torch extensions for the arch-specific SM12x target (FP4/FP8 block-scaled MMA)"),
-        "CUDA_MODULE_LOADING": EnvDefault("LAZY", "load kernels on first use: less context memory, faster start"),
-    }
+    return arch_env_defaults(device, ARCH.targets, "the arch-specific SM12x target (FP4/FP8 block-scaled MMA)")
 
 
 @hookimpl
 def hwprofile_kernels(device: DeviceInfo, target: str) -> list[KernelSpec]:
     """The shared skinny-GEMM family (and ``ops.moe_gate``'s fused gate on it) for sm_120a / sm_121a,
     planned for this device's SM count and shared memory."""
-    tuning = _TUNING.get(device.compute_capability, _TUNING[(12, 0)])
-    source = "kernels/sm120_gemv.cu"
-    return [*kernel_specs(__name__, source, tuning, device=device), gate_kernel_spec(__name__, source, tuning, device)]
+    return family_kernels(__name__, "kernels/sm120_gemv.cu", _TUNING.get(device.compute_capability, _TUNING[(12, 0)]), device)

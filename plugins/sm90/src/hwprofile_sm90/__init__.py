@@ -31,14 +31,16 @@ def hwprofile_arch() -> ArchSpec:
 # An op of the table with no file here (added since that run, or the gate) is predicted by the bandwidth rule until swept.
 
 
-#: ops whose H200 sweep measured a fallback hwprofile has since replaced: a shipped table would be stale (reported at
-#: every start), so until the op is re-swept (benchmarks/run_h200.sh catalog, then benchmarks/ship_sm90.py) its model
-#: is the bandwidth rule, which 'hwprofile tune' replaces with a fit on the device. fp8_gemv: the catalog run of
-#: 2026-12-02 measured the dequantising FP8 fallback, replaced since by torch._scaled_mm from 4 MiB of weight.
-PREDICTED = ("fp8_gemv",)
-
-
 MEASURED = Path(__file__).with_name("measured")  #: the shipped sweep files, measured/OP.toml
+
+
+def predicted() -> tuple[str, ...]:
+    """The ops of the table this plugin ships no sweep of: their model is the bandwidth rule, which 'hwprofile tune'
+    replaces with a fit on the device. An op added to the table since the H200 run, or one whose fallback changed
+    after it (a shipped table would be stale, reported at every start: fp8_gemv, whose catalog run of 2026-12-02
+    measured the dequantising fallback that torch._scaled_mm from 4 MiB of weight has replaced) until re-swept
+    (benchmarks/run_h200.sh catalog, then benchmarks/ship_sm90.py)."""
+    return tuple(op for op in OPS if not (MEASURED / f"{op}.toml").is_file())
 
 
 def _measured(op: str) -> dict[str, Value]:
@@ -50,14 +52,12 @@ def _measured(op: str) -> dict[str, Value]:
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for op, d in OPS.items():  # the op table's ops, whichever it holds: a new op needs no change here
-        if op in PREDICTED:
-            swept = f"the catalog run measured the one it replaced: benchmarks/h200/2026-12-02-catalog-2/tuned/{op}.toml"
-            out[f"{op}.model"] = rule_model(op, device, sku=f"an H200 against today's {op} fallback ({swept})")
-        elif (MEASURED / f"{op}.toml").is_file():
+        if (MEASURED / f"{op}.toml").is_file():
             out.update(_measured(op))
         elif any(s[0] == f"{op}.model" for s in d.settings):
-            # not swept on the H200 (an op added to the table since): the bandwidth rule, as for the gate below
-            out[f"{op}.model"] = rule_model(op, device, sku=device.name)
+            # no sweep of it against today's fallback ships here (predicted()): the bandwidth rule, as for the gate below
+            why = f"an H200 against today's {op} fallback (no sweep of it ships in hwprofile_sm90/measured/)"
+            out[f"{op}.model"] = rule_model(op, device, sku=why)
     return {
         **out,
         # the fused gate is not swept yet: its model is the bandwidth rule at the device's peak, which

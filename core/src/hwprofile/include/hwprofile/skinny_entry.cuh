@@ -1,14 +1,10 @@
 // hwprofile shared device code: the __global__ entry points of the skinny-GEMM family
 // (hwprofile/gemv.cuh's skinny_gemm and simt_gemv), written once for every SM that instantiates the
-// family as it is. A plugin's source defines its SM's limits and invokes the macro once:
+// family as it is. A plugin's source names its SM's limits (hwp::FamilyLimits below, or a struct of its own with
+// the same four members) and invokes the macro once:
 //
 //   namespace hwp100 {
-//   struct Limits {
-//     static constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in, static + dynamic
-//     static constexpr int kMaxStaticShared = 48 * 1024;     // without opt-in
-//     static constexpr int kMaxPortableCluster = 8;
-//     static constexpr int kMaxThreads = 1024;
-//   };
+//   using Limits = hwp::FamilyLimits<227 * 1024>;  // opt-in shared memory per block
 //   }  // namespace hwp100
 //   HWP_SKINNY_GEMM_ENTRY_POINTS(hwp100, hwp100::Limits)
 //
@@ -24,6 +20,17 @@
 #include <hwprofile/gemv.cuh>
 
 namespace hwp {
+
+// The limits of an SM the family serves as it is (CUDA C++ Programming Guide, technical specifications): 48 KB of
+// static shared memory without opt-in, portable clusters of 8, 1024 threads a block on every SM from sm_90 on;
+// only the opt-in shared memory per block differs, and a plugin names it (the same number as its ArchTuning).
+template <int kSharedPerBlock>
+struct FamilyLimits {
+  static constexpr int kMaxSharedPerBlock = kSharedPerBlock;  // opt-in, static + dynamic
+  static constexpr int kMaxStaticShared = 48 * 1024;          // without opt-in
+  static constexpr int kMaxPortableCluster = 8;
+  static constexpr int kMaxThreads = 1024;
+};
 
 // The limits every entry point relies on, checked once per instance.
 template <class L, int WARPS, int KSPLIT>

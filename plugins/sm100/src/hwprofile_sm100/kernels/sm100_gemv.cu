@@ -1,19 +1,10 @@
-// hwprofile-sm100: skinny GEMM / GEMV kernels for Blackwell datacenter GPUs (B200, GB200: sm_100a;
-// B300, GB300: sm_103a), built by NVRTC for exactly those targets. Compiled in CI, not yet run on
-// such a GPU: the structure and tile constants are the ones measured on the H200, not tuned here.
-//
-// What they use, and why:
-//  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) for the router GEMM and the small-M linear: at
-//    M <= 16 the tensor-core work per weight byte is tiny, so tcgen05/TMEM (built for large tiles)
-//    would add set-up, not speed: the op is a weight stream bound by HBM;
-//  * SIMT FMAs with row-contiguous 16-byte loads for the M = 1 GEMVs, e4m3 -> f16 by the hardware
-//    converter for FP8 weights;
-//  * thread-block clusters of up to 8 blocks (portable on sm_100) with distributed shared memory
-//    for split-K, so a small N still spreads over the 148 SMs.
-// The entry points hwp100_skinny_mma and hwp100_gemv_simt are hwprofile/skinny_entry.cuh's, with
-// static_asserts against the limits below; the dynamic shared memory (the GEMV's x slice, staged
-// whole up to 32 KB and streamed through two 8 KB buffers past that) is checked by the plan
-// (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp100") against the same 227 KB.
+// hwprofile-sm100: hwprofile's skinny-GEMM family (router GEMM, small-M linear, GEMVs) and fused MoE gate for
+// Blackwell datacenter GPUs (B200, GB200: sm_100a; B300, GB300: sm_103a), built by NVRTC for exactly those targets.
+// Compiled in CI, not yet run on such a GPU: the tile constants are the H200's. What the family uses and why is
+// hwprofile/gemv.cuh's; on SM100 its warp-level mma.sync stands where tcgen05/TMEM would: at M <= 16 the
+// tensor-core work per weight byte is tiny and the op is a weight stream bound by HBM, so tcgen05's large tiles
+// would add set-up, not speed. Clusters of 8 (portable on sm_100) spread a small N over the 148 (GB300: 152) SMs;
+// the plan (ArchTuning prefix "hwp100") checks the GEMV's staged x against the same 227 KB as the limits below.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 1000) && (__CUDA_ARCH__ != 1030)
 #error "hwprofile-sm100 kernels are built for sm_100a / sm_103a only"
 #endif
@@ -21,13 +12,7 @@
 #include <hwprofile/moe_gate.cuh>
 
 namespace hwp100 {
-// Compute capability 10.0 / 10.3 limits (CUDA C++ Programming Guide, technical specifications).
-struct Limits {
-  static constexpr int kMaxSharedPerBlock = 227 * 1024;  // opt-in, static + dynamic
-  static constexpr int kMaxStaticShared = 48 * 1024;     // without opt-in
-  static constexpr int kMaxPortableCluster = 8;
-  static constexpr int kMaxThreads = 1024;
-};
+using Limits = hwp::FamilyLimits<227 * 1024>;  // compute capability 10.0 / 10.3: opt-in shared memory per block
 }  // namespace hwp100
 
 HWP_SKINNY_GEMM_ENTRY_POINTS(hwp100, hwp100::Limits)

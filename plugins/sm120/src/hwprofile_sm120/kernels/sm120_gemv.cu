@@ -1,21 +1,10 @@
-// hwprofile-sm120: skinny GEMM / GEMV kernels for Blackwell workstation and desktop GPUs (RTX PRO
-// 6000, RTX 5090: sm_120a; DGX Spark GB10: sm_121a), built by NVRTC for exactly those targets.
-// Compiled in CI, not yet run on such a GPU: the structure and tile constants are the ones
-// measured on the H200, not tuned here.
-//
-// What they use, and why:
-//  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) for the router GEMM and the small-M linear:
-//    SM12x has no tcgen05/TMEM, and warp-level mma.sync is its tensor-core path;
-//  * SIMT FMAs with row-contiguous 16-byte loads for the M = 1 GEMVs, e4m3 -> f16 by the hardware
-//    converter (sm_89 and later) for FP8 weights;
-//  * thread-block clusters of up to 8 blocks with distributed shared memory for split-K (SM12x
-//    supports clusters; 8 is the portable size), so a small N spreads over the SMs (188 on the RTX
-//    PRO 6000, 48 on DGX Spark).
-// The entry points hwp120_skinny_mma and hwp120_gemv_simt are hwprofile/skinny_entry.cuh's, with
-// static_asserts against the limits below. SM12x has about 99 KB of shared memory per block: the
-// plan (hwprofile.kernels.skinny_gemm, ArchTuning prefix "hwp120", max_shared_bytes = 99 KB, or less
-// where the device reports less) stages the GEMV's x slice whole up to 32 KB and streams it through
-// two 8 KB buffers in chunks past that, so no K is too long for the shared memory.
+// hwprofile-sm120: hwprofile's skinny-GEMM family (router GEMM, small-M linear, GEMVs) and fused MoE gate for
+// Blackwell workstation and desktop GPUs (RTX PRO 6000, RTX 5090: sm_120a; DGX Spark GB10: sm_121a), built by NVRTC
+// for exactly those targets. Compiled in CI, not yet run on such a GPU: the tile constants are the H200's.
+// What the family uses and why is hwprofile/gemv.cuh's; on SM12x, which has no tcgen05/TMEM, its warp-level
+// mma.sync is the tensor-core path, and clusters of 8 spread a small N over the SMs (188 on the RTX PRO 6000, 48 on
+// DGX Spark). About 99 KB of shared memory per block: the plan (ArchTuning prefix "hwp120") stages the GEMV's x
+// whole up to 32 KB and streams it through two 8 KB buffers past that, so no K is too long for it.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 1200) && (__CUDA_ARCH__ != 1210)
 #error "hwprofile-sm120 kernels are built for sm_120a / sm_121a only"
 #endif
@@ -23,13 +12,7 @@
 #include <hwprofile/moe_gate.cuh>
 
 namespace hwp120 {
-// Compute capability 12.0 / 12.1 limits (CUDA C++ Programming Guide, technical specifications).
-struct Limits {
-  static constexpr int kMaxSharedPerBlock = 99 * 1024;  // opt-in, static + dynamic
-  static constexpr int kMaxStaticShared = 48 * 1024;    // without opt-in
-  static constexpr int kMaxPortableCluster = 8;
-  static constexpr int kMaxThreads = 1024;
-};
+using Limits = hwp::FamilyLimits<99 * 1024>;  // compute capability 12.0 / 12.1: opt-in shared memory per block
 }  // namespace hwp120
 
 HWP_SKINNY_GEMM_ENTRY_POINTS(hwp120, hwp120::Limits)
