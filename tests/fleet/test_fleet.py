@@ -24,23 +24,11 @@ from hwprofile.errors import CacheError, SettingError
 from hwprofile.kernels import _pipeline, toolchain
 from hwprofile.kernels import cache as kcache
 from hwprofile.kernels.spec import KernelSpec, Launch
+from tests.serving.toy_kernels import EXPR, toy_package
 
 from .conftest import Server, free_port
 
 WORKER = Path(__file__).with_name("worker.py")
-EXPR = "scale_kernel<2>"
-SRC = '#include "factor.cuh"\ntemplate <int S> __global__ void scale_kernel(float* o) { o[0] = S * FACTOR; }\n'
-
-
-def toy_package(prefix: Path) -> tuple[Path, Path]:
-    """A kernel package and the header directory it reaches through ``-I``, under ``prefix``."""
-    site, inc = prefix / "site", prefix / "include"
-    (site / "toy_layer_kernels").mkdir(parents=True)
-    (site / "toy_layer_kernels" / "__init__.py").write_text("")
-    (site / "toy_layer_kernels" / "k.cu").write_text(SRC)
-    inc.mkdir()
-    (inc / "factor.cuh").write_text("#define FACTOR 1\n")
-    return site, inc
 
 
 def private(path: Path) -> Path:

@@ -27,22 +27,10 @@ from hwprofile.kernels import toolchain
 from hwprofile.kernels.spec import KernelSpec, Launch
 
 from .conftest import Seam
+from .toy_kernels import EXPR, toy_package
 
 pytest.importorskip("cuda.bindings.nvrtc")
 ROOT = Path(__file__).resolve().parents[2]
-EXPR = "scale_kernel<2>"
-SRC = '#include "factor.cuh"\ntemplate <int S> __global__ void scale_kernel(float* o) { o[0] = S * FACTOR; }\n'
-
-
-def toy_package(prefix: Path) -> tuple[Path, Path]:
-    """A kernel package and the header directory it reaches through ``-I``, installed under ``prefix``."""
-    site, inc = prefix / "site", prefix / "include"
-    (site / "toy_layer_kernels").mkdir(parents=True)
-    (site / "toy_layer_kernels" / "__init__.py").write_text("")
-    (site / "toy_layer_kernels" / "k.cu").write_text(SRC)
-    inc.mkdir()
-    (inc / "factor.cuh").write_text("#define FACTOR 1\n")
-    return site, inc
 
 
 def toy_spec(inc: Path) -> KernelSpec:
