@@ -50,6 +50,20 @@ where = ["src"]
 hwprofile_{name} = ["kernels/*.cu"]
 '''
 
+#: the hwprofile_catalog hook both templates write: the plugin's simulated device, for CI without the GPU
+_CATALOG_HOOK = '''@hookimpl
+def hwprofile_catalog() -> dict[str, CatalogEntry]:
+    # A simulated device for CI without the GPU ({device_var}={device}); the numbers are those of hwprofile's
+    # nearest built-in GPU ({base}): replace them with your GPU's published ones.
+    return {{
+        "{device}": CatalogEntry(
+            name="{device_name}", compute_capability=({major}, {minor}), memory_bytes={memory_bytes}, sm_count={sm_count},
+            l2_cache_bytes={l2_cache_bytes}, max_shared_memory_per_block_optin={smem}, memory_bus_width_bits={bus},
+            max_sm_clock_mhz={sm_clock}, max_memory_clock_mhz={mem_clock},
+        ),
+    }}
+'''
+
 MODULE = '''"""hwprofile-{name}: the architecture plugin for compute capability {major}.{minor} ({target})."""
 
 from __future__ import annotations
@@ -68,19 +82,7 @@ def hwprofile_arch() -> ArchSpec:
     return ArchSpec({{({major}, {minor}): "{target}"}}, "compute capability {major}.{minor}")
 
 
-@hookimpl
-def hwprofile_catalog() -> dict[str, CatalogEntry]:
-    # A simulated device for CI without the GPU: {device_var}={device}, --simulate {device},
-    # pytest --hwprofile-device={device}. The numbers are those of hwprofile's nearest built-in GPU
-    # ({base}): replace them with your GPU's published ones.
-    return {{
-        "{device}": CatalogEntry(
-            name="{device_name}", compute_capability=({major}, {minor}), memory_bytes={memory_bytes}, sm_count={sm_count},
-            l2_cache_bytes={l2_cache_bytes}, max_shared_memory_per_block_optin={smem}, memory_bus_width_bits={bus},
-            max_sm_clock_mhz={sm_clock}, max_memory_clock_mhz={mem_clock},
-        ),
-    }}
-
+''' + _CATALOG_HOOK + '''
 
 @hookimpl
 def hwprofile_declare_settings() -> list[Setting]:
@@ -205,18 +207,7 @@ def hwprofile_arch() -> ArchSpec:
     return ARCH
 
 
-@hookimpl
-def hwprofile_catalog() -> dict[str, CatalogEntry]:
-    # A simulated device for CI without the GPU ({device_var}={device}); the numbers are those of hwprofile's
-    # nearest built-in GPU ({base}): replace them with your GPU's published ones.
-    return {{
-        "{device}": CatalogEntry(
-            name="{device_name}", compute_capability=({major}, {minor}), memory_bytes={memory_bytes}, sm_count={sm_count},
-            l2_cache_bytes={l2_cache_bytes}, max_shared_memory_per_block_optin={smem}, memory_bus_width_bits={bus},
-            max_sm_clock_mhz={sm_clock}, max_memory_clock_mhz={mem_clock},
-        ),
-    }}
-
+''' + _CATALOG_HOOK + '''
 
 @hookimpl
 def hwprofile_settings(device: DeviceInfo, resolved: Mapping[str, Any]) -> dict[str, Any]:
