@@ -282,6 +282,13 @@ SELFTEST: Final[Var[bool]] = Var(
     "stored verdicts whose stamps match are reused, a failing kernel is disabled with one warning",
     f"one of {SWITCH_VALUES}", switch, False, unset="off: kernels are not self-tested",
 )
+VERIFY: Final[Var[bool]] = Var(
+    PREFIX + "VERIFY",
+    "verify each kernel instance against float64 on its first use on a device (warm-up or the first eager call), before it "
+    "serves a routed call; a failing instance disables its op's kernel there with one warning. off is your explicit choice: "
+    "kernels nobody checked on this GPU then serve calls",
+    f"one of {SWITCH_VALUES}", switch, True, setting="verify", unset="on: every instance without a passing verdict is verified",
+)
 TUNE: Final[Var[str]] = Var(
     PREFIX + "TUNE",
     "stale: the first profile() of a real GPU re-measures its stale or unmeasured thresholds before it returns (hwprofile.tune)",
@@ -308,5 +315,5 @@ TRACEBACK: Final[Var[bool]] = Var(
 #: Every control variable, in the order docs/architecture.md lists them: every reader iterates this.
 VARS: Final[tuple[Var[Any], ...]] = (
     DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, SELFTEST,
-    TUNE, REMOTE, REMOTE_TIMEOUT, TRACEBACK,
+    VERIFY, TUNE, REMOTE, REMOTE_TIMEOUT, TRACEBACK,
 )

@@ -45,7 +45,7 @@ NAMESPACE = f"hwprofile:{SCHEMA}"
 MAX_CUBIN_BYTES = 64 << 20
 #: How long a fleet lock lives without its holder renewing it: what a killed holder costs the others.
 LOCK_TTL_S = 30.0
-KINDS = ("cubin", "tuned")
+KINDS = ("cubin", "tuned", "verdict")
 
 # GET unless the value is longer than ARGV[1]: then its length (never transferred). nil when absent.
 _BOUNDED_GET = """

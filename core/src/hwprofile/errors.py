@@ -71,3 +71,19 @@ class AgreementError(HwprofileError):
         self.missing: tuple[int, ...] = missing
         #: :class:`hwprofile.distributed.RankSummary` objects.
         self.ranks: tuple[Any, ...] = ranks
+
+
+class NotWarmedError(HwprofileError):
+    """An op's first call of a shape came inside a CUDA-graph capture, and neither its kernel nor its fallback was ready.
+
+    Compiling or loading a module there, or the fallback's first cuBLAS call (``cublasCreate``),
+    would invalidate the capture; this error is raised instead, before anything reaches the stream.
+    """
+
+
+class NotVerifiedError(NotWarmedError):
+    """A kernel instance with no verdict on this device was first called inside a CUDA-graph capture.
+
+    Verifying it there would put its check into the graph; taking it unverified could record a wrong
+    kernel. Warm up (``hwprofile.ops.warmup``) or call the op once at that shape before capturing.
+    """

@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from . import _env, _state
 from ._entrypoints import installed_version
@@ -197,6 +197,20 @@ _plans: dict[tuple[Any, ...], str] = {}  # plan_digest per (op, kernel spec iden
 @_state.on_reset
 def _forget_plans() -> None:
     _plans.clear()
+
+
+#: :attr:`Stamp.plan` of what runs now while the plan cannot be computed without the CUDA driver (a real GPU
+#: whose SM count nobody read yet): the first dispatch table compares it (:mod:`hwprofile.ops._verify`)
+PLAN_AT_LAUNCH: Final = "at-first-launch"
+PLAN_AT_LAUNCH_WHY: Final = (
+    "launch plan: compared at the first launch on this GPU (the plan needs the GPU's SM count, which only the CUDA "
+    "driver gives, and profile() never starts the driver: a forked worker must still be able to use CUDA)"
+)
+
+
+def plan_waits_for_driver(spec: Any) -> bool:
+    """Whether ``spec``'s plans need the CUDA driver still (``hwprofile.plugin.Planner`` of a real GPU, unresolved)."""
+    return getattr(getattr(spec, "configure", None), "resolved", True) is False
 
 
 def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
@@ -492,6 +506,8 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
         stale.append(f"kernel source changed ({stamp.kernel[:12]} -> {now.kernel[:12]})")
     if not stamp.plan:
         unknown.append("launch plan: cannot tell (the stamp records none)")
+    elif now.plan == PLAN_AT_LAUNCH:
+        unknown.append(PLAN_AT_LAUNCH_WHY)
     elif not now.plan:
         unknown.append("launch plan: cannot tell (none to compare with here: no kernel for this op, or not computed)")
     elif stamp.plan != now.plan:
@@ -595,7 +611,10 @@ class Staleness:
             p = self.selection.plugin
             spec = self.kernels.get(op)
             digest = spec.source_digest() if spec is not None else ""
-            planned = plan_digest(op, spec, shapes) if plan and spec is not None else ""
+            planned = ""
+            if plan and spec is not None:
+                # a real GPU's plan needs its SM count, which only the driver gives: checked at the first launch
+                planned = PLAN_AT_LAUNCH if plan_waits_for_driver(spec) else plan_digest(op, spec, shapes)
             self._now[key] = current(
                 op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned, shapes=shapes
             )

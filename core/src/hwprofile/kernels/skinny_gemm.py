@@ -164,6 +164,11 @@ class Planner:
         return self._tuning
 
     @property
+    def resolved(self) -> bool:
+        """Whether the plans are known without reading the driver (a simulated device, or read already)."""
+        return self._tuning is not None
+
+    @property
     def plan_basis(self) -> str:
         return repr(self.tuning)
 

@@ -1,0 +1,84 @@
+"""Fork safety on the CPU: ``profile()`` of a real GPU (a faked NVML H200) never initialises the CUDA driver.
+
+CUDA's driver starts threads at ``cuInit`` and a forked child of such a process cannot use CUDA
+("CUDA driver initialization failed"): vLLM's workers broke that way. The shipped tables' stamps
+carry a launch-plan digest, and the plan of a real GPU depends on its SM count, which only the driver
+gives; so the plan check waits for the first launch (:func:`hwprofile.tuning.check_deferred_plans`).
+Here ``cuda.bindings.driver`` is a stand-in whose ``cuInit`` records each call (or raises), and the
+test walks every path a first ``profile()`` takes: shipped stamps, a tuned file, ``show``-style
+explain, the fingerprint.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from typing import Any
+
+import pytest
+
+import hwprofile
+from hwprofile import device
+from tests.device.test_device import FakeNVML
+
+H200 = [{"name": "NVIDIA H200", "cc": (9, 0), "uuid": "GPU-h200", "pci": "00000000:17:00.0", "cores": 16896}]
+
+
+class RecordingDriver(types.ModuleType):
+    """``cuda.bindings.driver`` with a ``cuInit`` that records its callers (or raises, ``refuse``)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        super().__init__("cuda.bindings.driver")
+        self.inits: list[str] = []
+        self.refuse = refuse
+
+    def cuInit(self, flags: int) -> Any:  # noqa: N802 - the driver's name
+        import traceback
+
+        self.inits.append("".join(traceback.format_stack(limit=12)))
+        if self.refuse:
+            raise AssertionError("cuInit called while a profile resolves")
+        raise RuntimeError("no driver here")
+
+
+@pytest.fixture
+def real_h200(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> RecordingDriver:
+    drv = RecordingDriver()
+    cuda_pkg = types.ModuleType("cuda")
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = drv  # type: ignore[attr-defined]
+    cuda_pkg.bindings = bindings  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda", cuda_pkg)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", drv)
+    monkeypatch.delenv("HWPROFILE_DEVICE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(H200))
+    device._driver_attributes.cache_clear()
+    hwprofile.reset()
+    yield drv
+    device._driver_attributes.cache_clear()
+    hwprofile.reset()
+
+
+def test_profile_of_a_real_h200_never_calls_cuinit(real_h200: RecordingDriver) -> None:
+    before = {t.ident for t in threading.enumerate()}
+    prof = hwprofile.profile(0)
+    assert not prof.device.simulated and prof.plugin is not None and prof.plugin.name == "sm90"
+    assert real_h200.inits == [], "profile() initialised the CUDA driver:\n" + "\n---\n".join(real_h200.inits)
+    prof.fingerprint  # noqa: B018 - what logs quote and ranks compare
+    for key in ("router_gemm.model", "gemv.model", "router_gemm.max_tokens"):
+        prof.explain(key)
+    assert real_h200.inits == []
+    assert {t.ident for t in threading.enumerate()} <= before, "profile() left a thread running"
+
+
+def test_stamps_of_a_real_gpu_say_the_plan_is_checked_at_the_first_launch(real_h200: RecordingDriver) -> None:
+    from hwprofile import tuning
+
+    prof = hwprofile.profile(0)
+    w = prof.explain("router_gemm.model").winner
+    assert isinstance(w.stamp, tuning.Stamp) and w.stamp.plan
+    assert real_h200.inits == []
+    assert not any("launch plan changed" in s for s in getattr(w, "stale", ()) or ())
