@@ -97,7 +97,7 @@ def test_every_record_is_complete() -> None:
 ON = ["1", "true", "yes", "on", "TRUE", " On ", "Yes"]
 OFF = ["0", "false", "no", "off", "OFF", " False "]
 BAD_SWITCH = ["", "2", "maybe", "enabled", "disabled", "y", "n", "o n"]
-SWITCHES = {_env.PLUGIN_FORCE, _env.CACHE, _env.STRICT, _env.DETERMINISTIC, _env.SELFTEST}
+SWITCHES = {_env.PLUGIN_FORCE, _env.CACHE, _env.STRICT, _env.DETERMINISTIC, _env.SELFTEST, _env.VERIFY}
 
 #: Per variable: accepted text -> value, and refused texts (empty when it accepts anything).
 CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -175,8 +175,8 @@ def test_control_variables_are_known_names() -> None:
 SETTING_VARS = [v for v in _env.VARS if v.setting is not None]
 
 
-def test_strict_and_deterministic_are_settings_declared_by_their_records() -> None:
-    assert {v.name for v in SETTING_VARS} == {_env.STRICT.name, _env.DETERMINISTIC.name}
+def test_strict_deterministic_and_verify_are_settings_declared_by_their_records() -> None:
+    assert {v.name for v in SETTING_VARS} == {_env.STRICT.name, _env.DETERMINISTIC.name, _env.VERIFY.name}
     core = {s.key: s for s in CORE_SETTINGS}
     for v in SETTING_VARS:
         s = core[v.setting]

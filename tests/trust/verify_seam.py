@@ -75,7 +75,7 @@ def seam(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_downstream: None) -
     s = Seam(tmp_path / "config")
     monkeypatch.setenv("HWPROFILE_DEVICE", "rtx-pro-6000")
     monkeypatch.setenv("HWPROFILE_CONFIG_DIR", str(s.config))
-    for op in ("router_gemm", "gemv", "linear_bf16_fp32"):
+    for op in OPS:
         monkeypatch.setenv(f"HWPROFILE_{op.upper()}_MODEL", KERNEL_FASTER)
     monkeypatch.delenv("HWPROFILE_VERIFY", raising=False)
     monkeypatch.delenv("HWPROFILE_STRICT", raising=False)

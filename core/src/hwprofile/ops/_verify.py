@@ -202,9 +202,8 @@ def _run(t: _Table, op: str, plan: Launch, shape: Shape, scale: int, launch_on: 
 
     import torch
 
-    from . import _dispatch
-
-    dev = torch.device("cpu") if t.index == _dispatch._cpu_index else torch.device("cuda", t.index)
+    # a simulated device runs verification only under the CPU tests' seam (on_simulated), on CPU tensors
+    dev = torch.device("cpu") if t.prof.device.simulated else torch.device("cuda", t.index)
 
     def run_once(out: Any, x: Any, w: Any, s: Any) -> None:
         try:
