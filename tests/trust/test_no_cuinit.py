@@ -33,7 +33,7 @@ class RecordingDriver(types.ModuleType):
         self.inits: list[str] = []
         self.refuse = refuse
 
-    def cuInit(self, flags: int) -> Any:  # noqa: N802 - the driver's name
+    def cuInit(self, flags: int) -> Any:
         import traceback
 
         self.inits.append("".join(traceback.format_stack(limit=12)))
@@ -82,3 +82,60 @@ def test_stamps_of_a_real_gpu_say_the_plan_is_checked_at_the_first_launch(real_h
     assert isinstance(w.stamp, tuning.Stamp) and w.stamp.plan
     assert real_h200.inits == []
     assert not any("launch plan changed" in s for s in getattr(w, "stale", ()) or ())
+
+
+class AttributeDriver(RecordingDriver):
+    """A driver that starts (``cuInit`` recorded) and answers the SM count and shared memory of ``sms`` SMs."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+        CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
+
+    def __init__(self, sms: int) -> None:
+        super().__init__()
+        self.sms = sms
+
+    def cuInit(self, flags: int) -> Any:
+        self.inits.append("cuInit")
+        return (0,)
+
+    def cuDeviceGet(self, index: int) -> Any:
+        return (0, index)
+
+    def cuDeviceGetAttribute(self, attr: int, dev: int) -> Any:
+        return (0, {16: self.sms, 97: 232448, 38: 60 << 20}[attr])
+
+
+@pytest.mark.parametrize("sms, stale", [(132, False), (114, True)], ids=["h200-sms", "other-sms"])
+def test_the_first_dispatch_table_compares_the_plans_profile_could_not(
+    real_h200: RecordingDriver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, sms: int, stale: bool
+) -> None:
+    """The shipped sm90 tables were measured on a 132-SM H200: the same plan there, another plan on a GPU of 114 SMs."""
+    pytest.importorskip("torch")
+    from hwprofile import ops
+
+    drv = AttributeDriver(sms)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", drv)
+    sys.modules["cuda.bindings"].driver = drv  # type: ignore[attr-defined]
+    device._driver_attributes.cache_clear()
+    hwprofile.reset()
+    ops.reset_dispatch()
+    prof = hwprofile.profile(0)
+    assert drv.inits == []
+    with caplog.at_level("WARNING", logger="hwprofile"):
+        ops._dispatch.table(0)
+    assert drv.inits == ["cuInit"]  # the first table: the driver starts, once
+    warned = [r.getMessage() for r in caplog.records if "another launch plan" in r.getMessage()]
+    assert bool(warned) is stale, warned
+    if stale:
+        assert "router_gemm.model" in warned[0] and "hwprofile tune --device 0" in warned[0]
+        from hwprofile.errors import SettingError
+
+        strict = types.SimpleNamespace(prof=prof, index=0, strict=True)  # a table of HWPROFILE_STRICT=1
+        with pytest.raises(SettingError, match="another launch plan .*strict is on"):
+            ops._verify.check_deferred_plans(strict)  # type: ignore[arg-type]
+    del prof

@@ -22,7 +22,7 @@ from hwprofile.errors import KernelError, NotVerifiedError, NotWarmedError
 from hwprofile.ops import _verify
 from hwprofile.optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 
-from .verify_seam import Seam, seam  # noqa: F401 - the fixture
+from .conftest import Seam
 
 torch = pytest.importorskip("torch")
 
@@ -225,7 +225,8 @@ def test_verify_off_is_the_users_choice_and_explain_says_so(seam: Seam, monkeypa
     assert len(k.launches) == 1 and _verdicts(seam) == []
     prof = hwprofile.profile(0)
     assert prof.explain("verify").winner.source == "environment HWPROFILE_VERIFY"
-    assert "verification off (environment HWPROFILE_VERIFY)" in _verify.state(prof, "gemv", _plan("gemv", 1, 256, 1024), (1, 256, 1024), NO_SCALE)
+    said = _verify.state(prof, "gemv", _plan("gemv", 1, 256, 1024), (1, 256, 1024), NO_SCALE)
+    assert "verification off (environment HWPROFILE_VERIFY)" in said
 
 
 def test_simulated_devices_run_nothing_and_say_not_yet_verified(monkeypatch: pytest.MonkeyPatch, no_downstream: None) -> None:

@@ -58,21 +58,21 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HwprofileError
+from ..errors import HwprofileError, NotVerifiedError, NotWarmedError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
-from . import _dispatch, _gate, _kernel, _library
+from . import _dispatch, _gate, _kernel, _library, _verify
 from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
 from ._fallbacks import FALLBACKS
 from ._gate import decide as decide_moe_gate
-from ._kernel import NotWarmedError
 from ._warmup import WarmupReport, warmup
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "decide_moe_gate", "fallback",
-    "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route", "router_gemm", "run_kernel", "warmup",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotVerifiedError", "NotWarmedError", "WarmupReport", "decide",
+    "decide_moe_gate", "fallback", "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route",
+    "router_gemm", "run_kernel", "warmup",
 ]
 
 _call = _dispatch.call
@@ -204,6 +204,7 @@ def _disable_kernels(t: _dispatch._Table, reasons: Mapping[str, str], stacklevel
                       RuntimeWarning, stacklevel=stacklevel)
 
 
+_dispatch.on_new_table.append(_verify.check_deferred_plans)  # before any kernel of the table runs: what profile() could not check
 _dispatch.on_new_table.append(_check_kernels)
 
 

@@ -373,3 +373,54 @@ def summary(prof: Profile) -> dict[str, dict[str, int]]:
         row = out.setdefault(v.op, {"passed": 0, "failed": 0})
         row["passed" if v.ok else "failed"] += 1
     return out
+
+
+# --- what waited for the first launch: the launch plans of measured values -------------------------
+
+_plans_warned: set[str] = set()
+
+
+@_state.on_reset
+def _forget_plan_warnings() -> None:
+    _plans_warned.clear()
+
+
+def check_deferred_plans(t: _Table) -> None:
+    """A real GPU's first dispatch table: compare the launch plans of the profile's stamped values, which ``profile()`` could not.
+
+    A plan depends on the GPU's SM count, which only the CUDA driver gives; ``profile()`` never starts the
+    driver (:data:`hwprofile.tuning.PLAN_AT_LAUNCH`), and the first table is where the ops need it anyway.
+    A value measured with another plan is reported once per process, like a stale shipped threshold:
+    it still applies (strict mode: a :class:`~hwprofile.errors.SettingError`), and ``hwprofile tune``
+    re-measures it.
+    """
+    from .. import tuning
+    from ..errors import SettingError
+
+    prof = t.prof
+    if prof.device.simulated or not any(tuning.plan_waits_for_driver(s) for s in prof.kernels.values()):
+        return
+    for spec in prof.kernels.values():
+        if tuning.plan_waits_for_driver(spec):
+            spec.configure.tuning  # noqa: B018 - reads the SM count and shared memory from the driver, once
+    staleness = tuning.Staleness(prof.device, prof.selection, prof.kernels)
+    keys: list[str] = []
+    whys: list[str] = []
+    for key, r in prof.settings.items():
+        st = r.winner.stamp
+        if isinstance(st, tuning.Stamp) and st.plan:
+            changed = [w for w in staleness.compare(st).stale if w.startswith("launch plan changed")]
+            if changed:
+                keys.append(f"{key} ({r.winner.source})")
+                whys += changed
+    if not keys:
+        return
+    msg = (f"hwprofile: {len(keys)} measured value(s) of cuda:{t.index} ({prof.device.name}) were measured with another launch plan "
+           f"than this GPU's ({whys[0]}{f' and {len(whys) - 1} more' if len(whys) > 1 else ''}; checked at the first launch, since "
+           f"the plan needs the driver): {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}; they still apply. "
+           f"Re-measure them: hwprofile tune --device {t.index}")
+    if t.strict:
+        raise SettingError(f"{msg} [strict is on: stale values are errors]")
+    if msg not in _plans_warned:
+        _plans_warned.add(msg)
+        log.warning(msg)

@@ -1,4 +1,4 @@
-"""The CPU seam of the verification tests: a simulated device whose CPU tensors route as device 0, a kernel
+"""The CPU seam of the verification tests (fixture ``seam``): a simulated device whose CPU tensors route as device 0, a kernel
 pipeline whose ``load`` hands out a *host kernel* (it reads the operands through their data pointers and computes
 in torch on the CPU, right or wrong on purpose), and verification turned on for simulated devices."""
 
