@@ -135,7 +135,8 @@ def test_the_first_dispatch_table_compares_the_plans_profile_could_not(
         assert "router_gemm.model" in warned[0] and "hwprofile tune --device 0" in warned[0]
         from hwprofile.errors import SettingError
 
-        strict = types.SimpleNamespace(prof=prof, index=0, strict=True)  # a table of HWPROFILE_STRICT=1
+        hwprofile.reset()
+        strict = types.SimpleNamespace(prof=hwprofile.profile(0), index=0, strict=True)  # a first table under HWPROFILE_STRICT=1
         with pytest.raises(SettingError, match="another launch plan .*strict is on"):
             ops._verify.check_deferred_plans(strict)  # type: ignore[arg-type]
     del prof
