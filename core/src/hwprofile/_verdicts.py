@@ -164,3 +164,32 @@ def write(path: Path, verdicts: Any) -> None:
     _files.ensure_directory(path.parent, what="kernel verdict directory")
     doc = {"format": FORMAT, "verdicts": [v.as_dict() for v in sorted(verdicts, key=lambda v: (v.op, v.instance, v.shape))]}
     _files.atomic_write(path, json.dumps(doc, indent=1) + "\n", what="kernel verdicts")
+
+
+def summary(prof: Profile) -> dict[str, dict[str, Any]]:
+    """Per op with a kernel: the stored verdicts of ``prof``'s device that match its installed kernel, passed and failed,
+    and whether verification is on and who decided (``show``, ``doctor``). Reads the file; runs nothing."""
+    try:
+        have = list(read(path_for(prof)).values())
+    except Exception as exc:  # noqa: BLE001 - a report never fails on its verdict file (no config dir, unreadable)
+        log.info("no kernel verdicts for %s: %s", prof.device.name, exc)
+        have = []
+    on = bool(prof["verify"]) if "verify" in prof else True
+    who = prof.explain("verify").winner.source if "verify" in prof else "core"
+    out: dict[str, dict[str, Any]] = {}
+    for op, spec in prof.kernels.items():
+        digest = spec.source_digest()
+        mine = [v for v in have if v.op == op and v.stamp.get("kernel") == digest and v.stamp.get("device") == prof.device.name]
+        failed = [v for v in mine if not v.ok]
+        out[op] = {"verify": on, "verify_source": who, "passed": len(mine) - len(failed), "failed": len(failed),
+                   "first_failure": failed[0].describe() if failed else None}
+    return out
+
+
+def summary_text(row: dict[str, Any]) -> str:
+    """One op's :func:`summary` row in a few words (``show``'s kernel table)."""
+    if not row["verify"]:
+        return f"off ({row['verify_source']})"
+    if row["failed"]:
+        return f"{row['failed']} FAILED, {row['passed']} verified"
+    return f"{row['passed']} verified" if row["passed"] else "not yet verified"

@@ -64,9 +64,10 @@ def show_document(prof: Any) -> dict[str, Any]:
     ``stats`` are the dispatch counters of the process that prints them: ``{}`` from the ``hwprofile``
     program (no op ran there), real counts when an engine calls ``main(["show", "--json"])`` itself.
     """
-    from . import __version__, _remote
+    from . import __version__, _remote, _verdicts
 
     doc = {"format": SHOW_FORMAT, "hwprofile": __version__, **prof.as_dict()}
+    doc["verification"] = _verdicts.summary(prof)  # per op with a kernel: on/off and who decided, verdicts passed and failed
     remote = _remote.status()
     if remote is not None:  # the fleet store (HWPROFILE_REMOTE): its URL, password hidden, and this process's counters
         doc["remote"] = remote
@@ -110,9 +111,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         ]
         print(table(rows, ["env default", "value", "state", "from"]))
     if prof.kernels:
+        from . import _verdicts
+
         print()
-        rows = [[op, s.plugin, s.source, str(len(s.instances))] for op, s in prof.kernels.items()]
-        print(table(rows, ["kernel", "plugin", "source", "instances"]))
+        checked = _verdicts.summary(prof)
+        rows = [[op, s.plugin, s.source, str(len(s.instances)), _verdicts.summary_text(checked[op])] for op, s in prof.kernels.items()]
+        print(table(rows, ["kernel", "plugin", "source", "instances", "verified on this device (float64)"]))
     if prof.stats.counts:  # only when an engine calls main(["show"]) in its own process
         print()
         rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in sorted(prof.stats.counts.items())]
@@ -406,10 +410,13 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         raise HwprofileError(f"--shape {args.shape!r}: write it as MxNxK with integers (e.g. 1x4096x7168)") from None
     if min(m, n, k) < 0:
         raise HwprofileError(f"--shape {args.shape!r}: M, N and K must be >= 0")
+    from .ops import _verify
+
     d = decide(args.key, prof, m=m, n=n, k=k)
+    checked = _verify.states(prof, d.op, m, n, k) if d.path == "kernel" or d.gate == "failed" else []
     if args.json:
         doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason,
-               "kernel_us": d.kernel_us, "fallback_us": d.fallback_us}
+               "kernel_us": d.kernel_us, "fallback_us": d.fallback_us, "verification": checked}
         print(json.dumps(doc, indent=2))
         return 0
     what = _BASIS_WORDS.get(d.basis, d.basis)
@@ -420,6 +427,8 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         fb = "-" if d.fallback_us is None else f"{d.fallback_us:.3g} µs"
         print(f"  {how}: kernel {kern}, fallback {fb}")
     print(f"  {d.reason}")
+    for line in checked:
+        print(f"  verification: {line}")
     return 0
 
 

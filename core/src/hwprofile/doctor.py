@@ -262,7 +262,7 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
     unloadable = _deps.absent("pluggy")  # reported once by _dependencies, not per device
     for d in det.devices:
         row = {**d.as_dict(), "plugin": None, "plugin_distribution": None, "plugin_version": None, "target": None, "fingerprint": None,
-               "tuned_dir": _tuned_dir(d), "error": None, "selftest": None}
+               "tuned_dir": _tuned_dir(d), "error": None, "selftest": None, "verification": None}
         r.devices.append(row)
         if unloadable is not None:
             row["error"] = _deps.text(unloadable)
@@ -278,6 +278,9 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
                    plugin_version=p.version if p else None, target=prof.target, fingerprint=prof.fingerprint)
         out.append((d.index, prof.target, prof))
         row["selftest"] = _selftest(prof)
+        from . import _verdicts
+
+        row["verification"] = _verdicts.summary(prof) if prof.kernels else None
     if det.devices or unloadable is not None:
         return out, problems
     from ._entrypoints import natural_key
@@ -548,6 +551,13 @@ def render(r: Report) -> str:
     if verdicts:
         lines += ["self-test verdicts (hwprofile selftest; stamped per device, driver, plugin, kernel and plan):"]
         lines += [f"  cuda:{i} {v['op']}: {v['state']}" for i, v in verdicts]
+    checked = [(d["index"], op, row) for d in r.devices for op, row in (d.get("verification") or {}).items()]
+    if checked:
+        from ._verdicts import summary_text
+
+        lines += ["kernel verification on first use (against float64, once per device, driver, plugin, kernel and plan):"]
+        lines += [f"  cuda:{i} {op}: {summary_text(row)}" + (f"; {row['first_failure']}" if row["first_failure"] else "")
+                  for i, op, row in checked]
     lines += ["checks:"]
     for c in r.checks:
         lines.append(f"  [{c.status:>4}] {c.name}: {c.detail}" + (f"\n         fix: {c.fix}" if c.fix else ""))

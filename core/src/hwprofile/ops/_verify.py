@@ -358,20 +358,20 @@ def state(prof: Profile, op: str, plan: Launch, shape: Shape, scale: int) -> str
     return f"{plan.name_expression}: not yet verified on this device; it is checked against float64 {where}"
 
 
-def summary(prof: Profile) -> dict[str, dict[str, int]]:
-    """Per op, the verdicts of this device whose stamps match the installed kernels: passed and failed (``show``, ``doctor``)."""
-    out: dict[str, dict[str, int]] = {}
-    with _lock:
-        b = _book(prof)
-        if b.path is not None:
-            b.verdicts.update(_verdicts.read(b.path))
-        verdicts = list(b.verdicts.values())
-    for v in verdicts:
-        spec = prof.kernels.get(v.op)
-        if spec is None or v.stamp.get("kernel") != spec.source_digest() or v.stamp.get("device") != prof.device.name:
-            continue
-        row = out.setdefault(v.op, {"passed": 0, "failed": 0})
-        row["passed" if v.ok else "failed"] += 1
+def states(prof: Profile, op: str, m: int, n: int, k: int) -> list[str]:
+    """Each instance ``op`` would launch at (m, n, k) on ``prof``'s device (every scale mode), in :func:`state`'s words."""
+    d = OPS.get(op)
+    spec = prof.kernels.get(op)
+    if d is None or spec is None:
+        return []
+    split = bool(prof["gemv.split_k"])
+    out = []
+    for mode in d.scale_modes if d.scaled else (0,):
+        try:
+            plan = spec.configure(m=m, n=n, k=k, split_k=split, **({"scale": mode} if d.scaled else {}))
+        except ValueError:
+            continue  # a shape the planner refuses has no instance (the route says so)
+        out.append(state(prof, op, plan, (m, n, k), mode))
     return out
 
 
