@@ -551,13 +551,13 @@ def render(r: Report) -> str:
     if verdicts:
         lines += ["self-test verdicts (hwprofile selftest; stamped per device, driver, plugin, kernel and plan):"]
         lines += [f"  cuda:{i} {v['op']}: {v['state']}" for i, v in verdicts]
-    checked = [(d["index"], op, row) for d in r.devices for op, row in (d.get("verification") or {}).items()]
-    if checked:
-        from ._verdicts import summary_text
+    for d in r.devices:  # kernels verified against float64 on first use (once per device, driver, plugin, kernel and plan)
+        if d.get("verification"):
+            from ._verdicts import summary_text
 
-        lines += ["kernel verification on first use (against float64, once per device, driver, plugin, kernel and plan):"]
-        lines += [f"  cuda:{i} {op}: {summary_text(row)}" + (f"; {row['first_failure']}" if row["first_failure"] else "")
-                  for i, op, row in checked]
+            rows_v = d["verification"].items()
+            lines.append(f"  cuda:{d['index']} kernels verified on first use: " + "; ".join(f"{op} {summary_text(v)}" for op, v in rows_v))
+            lines += [f"    {op}: {v['first_failure']}" for op, v in rows_v if v["first_failure"]]
     lines += ["checks:"]
     for c in r.checks:
         lines.append(f"  [{c.status:>4}] {c.name}: {c.detail}" + (f"\n         fix: {c.fix}" if c.fix else ""))
