@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests gputests firstrun ops eager floor engine gate fp8 serving sweeps catalog heldout variants counters clocks import agreement fleet)
+SUITES=(promises tests gputests firstrun ops eager floor engine gate fp8 serving sweeps catalog heldout variants counters clocks import agreement fleet)
 
 usage() {
   cat <<'EOF'
@@ -19,6 +19,10 @@ downstream plugin and pytest-hwprofile into .whl/ (plus platformdirs, tomli-w an
 the host; each run installs it into $SITE (default /tmp/site) and puts that on PYTHONPATH.
 
 suites (raw output in benchmarks/h200/<date>-<suite>/):
+  promises   run FIRST whenever a GPU is lent: promises.py, what the README promises on a GPU, each in a fresh process: fork
+             after profile() (no cuInit, no thread), 16 threads' first profile(), capture warmed and unwarmed on both paths,
+             every op on every path against float64, verification on first use (an instance made wrong on purpose is
+             disabled), a cold multi-process cache, the first profile() time (promises.log/json; under 5 minutes)
   tests      the whole test suite on the GPU (gpu_tests.log, entrypoints.txt); TESTS="paths" narrows it
   gputests   the GPU tests of the dispatch, FP8 fallback, fused gate and first-call-in-capture work: the fused gate against
              float64 and the torch selection, first calls in capture in fresh processes (both paths), the FP8 fallback's
@@ -144,6 +148,11 @@ host_info() {
 }
 
 
+suite_promises() {
+  step promises.log env OUT="$D" python3 benchmarks/promises.py
+  tail -9 "$D/promises.log"
+}
+
 suite_tests() {
   python3 - > "$D/entrypoints.txt" 2>&1 <<'PY'
 # which plugins this process finds, the way hwprofile finds them and the way importlib.metadata does
@@ -174,7 +183,7 @@ suite_gputests() {
   if ! python3 -c "import hypothesis" 2>/dev/null; then
     for f in $(grep -rl "hypothesis" tests plugins/*/tests --include="*.py"); do ign+=("--ignore=$f"); done
   fi
-  step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
+  step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/trust tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
     tests/ops/test_capture_first_call_gpu.py tests/ops/test_ops_gpu.py tests/ops/test_fp8_fallback.py tests/serving/test_serving_gpu.py \
     plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
   tail -4 "$D/gpu_tests.log"
