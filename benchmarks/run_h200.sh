@@ -176,7 +176,7 @@ suite_gputests() {
   fi
   step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
     tests/ops/test_capture_first_call_gpu.py tests/ops/test_ops_gpu.py tests/ops/test_fp8_fallback.py tests/serving/test_serving_gpu.py \
-    plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
+    tests/kernels/test_gpu_kernels.py plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
   tail -4 "$D/gpu_tests.log"
   grep -E "^(FAILED|ERROR)" "$D/gpu_tests.log"
 }

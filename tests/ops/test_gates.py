@@ -276,8 +276,14 @@ def test_fp8_gates_and_scale_modes(fake: FakeLauncher, per_row: bool) -> None:
     n, k = 2048, 4096
     scale = torch.rand(n) + 0.5 if per_row else torch.tensor(0.5)
     ops.fp8_gemv(rand(1, k), fp8(n, k), scale)
-    assert fake.calls == [("fp8_gemv", 1, n, k, ops.ROW_SCALE if per_row else ops.TENSOR_SCALE)]
-    assert not took_kernel(fake, ops.fp8_gemv, rand(3, k), fp8(n, k), scale[:1] if per_row else scale)
+    mode = ops.ROW_SCALE if per_row else ops.TENSOR_SCALE
+    assert fake.calls == [("fp8_gemv", 1, n, k, mode)]
+    for m in (2, 3, 9, 16):  # the tensor-core kernel reads the weight once for every token up to 16
+        assert took_kernel(fake, ops.fp8_gemv, rand(m, k), fp8(n, k), scale)
+        assert fake.calls[-1] == ("fp8_gemv", m, n, k, mode)
+    assert took_kernel(fake, ops.fp8_gemv, rand(2, 4, k), fp8(n, k), scale)  # leading dims flatten to M = 8
+    assert not took_kernel(fake, ops.fp8_gemv, rand(17, k), fp8(n, k), scale)
+    assert ops.decide("fp8_gemv", hwprofile.profile(0), m=17, n=n, k=k).gate == "m"
 
 
 def test_fp8_k_must_suit_16_byte_loads_whatever_the_setting(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
