@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ._log import get_logger
 
@@ -151,6 +151,15 @@ def replay_times(fn: Callable[[int], Any], calls: int, reps: int, dev: Any) -> l
     return out
 
 
+#: the rotation covers this many times the device's L2 (``GpuTimer``, benchmarks/fp8m_h200.py)
+L2_ROTATIONS: Final = 4
+
+
+def rotate_factor(l2_bytes: int) -> int:
+    """Bytes of weight copies a cold-L2 replay rotates through on a device with ``l2_bytes`` of L2."""
+    return L2_ROTATIONS * max(l2_bytes, 0)
+
+
 class Timer(Protocol):
     def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
 
@@ -163,15 +172,20 @@ class GpuTimer:
 
         from . import ops
 
-        self.prof, self.reps, self.rotate = prof, reps, rotate_bytes
+        self.prof, self.reps = prof, reps
         self.torch, self.ops = torch, ops
         self.dev = torch.device("cuda", prof.device.index)
+        # the weight copies one replay walks through: at least 4x the device's L2, so no call finds its weight in L2
+        # (an H200's 60 MB L2 takes 240 MB; the 256 MB default covered it only by chance)
+        l2 = int(getattr(torch.cuda.get_device_properties(self.dev), "L2_cache_size", 0) or 0)
+        self.rotate = max(rotate_bytes, rotate_factor(l2))
 
     def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
         return replay_times(fn, calls, self.reps, self.dev)
 
-    def measure(self, op: str, m: int, n: int, k: int, passes: int = 2) -> Point:
-        """``passes`` independent passes, each with fresh weights, so run-to-run noise is measured too."""
+    def measure(self, op: str, m: int, n: int, k: int, passes: int = 3) -> Point:
+        """``passes`` independent passes, each with fresh weights (new allocations, new addresses), so run-to-run
+        noise is measured too and a near tie rests on repeated measurements (:func:`decision_table`)."""
         point = Point(m, n, k)
         for _ in range(passes):
             ks, fs = self._one_pass(op, m, n, k)
@@ -283,20 +297,23 @@ def default_grid(op: str, models: Sequence[str] | None = None, model_files: Sequ
 
 
 def decision_table(points: Sequence[Point], ties: str) -> dict[tuple[int, int, int], Any]:
-    """One decision per measured shape: the path with the smaller median, with both times.
-
-    The noise rule (:func:`verdict`: a difference within the noise is a tie) is for reading a sweep's
-    table; at a measured shape the faster median is the best estimate whatever the noise: giving a
-    within-noise tie to the fallback cost up to 7 % on the H200 catalog run (gemv 1x37984x5120:
-    kernel 94.5 µs, fallback 101.4 µs, passes 8 % apart).
-    Exactly equal medians go to ``ties``.
+    """One decision per measured shape, with both times: the path faster by more than the noise
+    (:func:`verdict`), and a near tie (within the noise of the replays and of the independent passes)
+    by ``ties``: ``"kernel"`` (the default of ``hwprofile sweep`` and ``tune``) takes the kernel, the
+    path with fewer moving parts (no cuBLAS handle or workspace, nothing that differs between two
+    processes), so a decision never rests on which side of one noisy number a median fell (the H200's
+    bf16 GEMV at 128256x4096: kernel 243 µs against cuBLAS 241.7 in the shipped table and 252-281 in two
+    graph replays); ``"fallback"`` takes the faster median (giving every within-noise tie to the
+    fallback cost up to 7 % on the H200 catalog run: gemv 1x37984x5120, kernel 94.5 µs, fallback 101.4
+    µs, passes 8 % apart).
     """
     from .tuning import Measured
 
     def wins(p: Point) -> bool:
         if not p.kernel_us:
             return False
-        return p.kernel < p.fallback or (p.kernel == p.fallback and ties == "kernel")
+        v = verdict(p)
+        return v == "kernel" or (v == "tie" and (ties == "kernel" or p.kernel < p.fallback))
 
     return {(p.m, p.n, p.k): Measured(wins(p), round(p.kernel, 3) if p.kernel_us else None, round(p.fallback, 3)) for p in points}
 
@@ -306,7 +323,7 @@ def run(
     op: str,
     grid: Sequence[tuple[int, int, int]],
     timer: Timer,
-    ties: str = "fallback",
+    ties: str = "kernel",
     progress: Callable[[int, int, str], None] | None = None,
     date: str | None = None,
     box: Sequence[tuple[int, int, int]] | None = None,
