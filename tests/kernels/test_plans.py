@@ -340,7 +340,7 @@ def test_a_real_gpu_is_planned_from_its_driver_attributes(monkeypatch: pytest.Mo
 def test_fp8_tensor_core_plan_needs_a_scale_and_bf16_output() -> None:
     t = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, prefix="hwp100")
     la = plan(t, m=16, n=4096, k=4096, fp8=True, out="bf16", scale=1, split_k=False)
-    assert la.name_expression == "hwp100_skinny_mma<true, __nv_bfloat16, 2, 8, 2, 1, 2, 1>" and la.grid == (256, 1, 1)
+    assert la.name_expression == "hwp100_skinny_mma<true, __nv_bfloat16, 2, 8, 4, 1, 2, 1>" and la.grid == (128, 1, 1)
     with pytest.raises(ValueError, match="needs a scale"):
         plan(t, m=4, n=4096, k=4096, fp8=True, out="bf16", scale=0, split_k=False)
     with pytest.raises(ValueError, match="writes bf16, not float"):

@@ -71,8 +71,10 @@ def test_fp8_gemv_takes_the_tensor_core_kernel_at_m_2_to_16(m: int) -> None:
     """M = 2..16 reads each weight once for all tokens (hwp90_skinny_mma), in the M tile that holds M; M = 1 stays SIMT."""
     la = plan_gemv(m=m, n=4096, k=4096, split_k=True, fp8=True, scale=2)
     mt = 1 if m <= 8 else 2
-    assert la.name_expression == f"hwp90_skinny_mma<true, __nv_bfloat16, {mt}, 8, 2, 1, {4 if mt == 1 else 2}, 2>"
-    assert la.grid == (256, 1, 1) and la.block == (256, 1, 1) and la.shared_bytes == 0
+    assert la.name_expression == f"hwp90_skinny_mma<true, __nv_bfloat16, {mt}, 8, 4, 2, {4 if mt == 1 else 2}, 2>"
+    assert la.grid == (128, 2, 1) and la.block == (256, 1, 1) and la.shared_bytes == 0  # 32 rows a block, K split in 2
+    off = plan_gemv(m=m, n=4096, k=4096, split_k=False, fp8=True, scale=2)
+    assert off.grid == (128, 1, 1) and f", 8, 4, 1, {4 if mt == 1 else 2}, 2>" in off.name_expression
     assert plan_gemv(m=1, n=4096, k=4096, split_k=True, fp8=True, scale=2).name_expression.startswith("hwp90_gemv_simt<true,")
 
 
@@ -80,8 +82,8 @@ def test_fp8_tensor_core_split_k_is_a_variant_of_small_n() -> None:
     """Split-K (a cluster along grid.y) where N alone leaves SMs idle, off where the grid fills them or K is short."""
     on = plan_gemv(m=8, n=2048, k=7168, split_k=True, fp8=True, scale=1)
     off = plan_gemv(m=8, n=2048, k=7168, split_k=False, fp8=True, scale=1)
-    assert on.grid == (128, 2, 1) and ", 2, 4, 1>" in on.name_expression  # 128 blocks x 2 < 1.4 x 132
-    assert off.grid == (128, 1, 1) and ", 1, 4, 1>" in off.name_expression
+    assert on.grid == (64, 4, 1) and ", 8, 4, 4, 4, 1>" in on.name_expression  # 64 blocks x 2 < 1.4 x 132 <= 64 x 4
+    assert off.grid == (64, 1, 1) and ", 8, 4, 1, 4, 1>" in off.name_expression
     assert plan_gemv(m=8, n=28672, k=4096, split_k=True, fp8=True, scale=1).grid[1] == 1  # 1792 blocks: no split
     assert plan_gemv(m=8, n=64, k=512, split_k=True, fp8=True, scale=1).grid[1] == 1  # 8 chunks of 64: fewer than 2 a warp
 

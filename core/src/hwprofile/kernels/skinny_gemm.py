@@ -191,13 +191,16 @@ def check_shape(*, m: int, n: int, k: int, vec: int, max_m: int, what: str) -> N
         raise ValueError(f"the {what} needs K to be a multiple of {vec} (16-byte loads), got K={k}")
 
 
-#: The FP8 GEMV's tensor-core tiles at M = 2..16 (``hwprofile/skinny_fp8.cuh``): warps per block, n8 tiles per
-#: warp (16 weight rows a block: x's L1/L2 traffic per weight byte halves against one tile), and K chunks of 64
-#: per batch by M tile (8 tokens: 4, 16 bytes x 8 in flight per lane; 16 tokens: 2, as x's registers double).
-#: Not measured yet: benchmarks/run_h200.sh fp8m times them (module constants, not ArchTuning fields, so the
-#: plan digests of the bf16 ops' shipped tables do not move with them).
+#: The FP8 GEMV's tensor-core tiles at M = 2..16 (``hwprofile/skinny_fp8.cuh``): warps per block (they split the
+#: block's K range), n8 tiles per warp, and K chunks of 64 per batch by M tile. Every block reads all M x K of x
+#: (from L2, or L1 where a block beside it on the SM read it first): 2M bytes of x per weight row of the block
+#: against K bytes of weight, so 32 rows a block (4 tiles) keep x's traffic at or under the weight's at 16 tokens,
+#: where one tile (8 rows) would read 4x the weight's bytes in x. Batches: 8 tokens 4 chunks (8 KB of weight in
+#: flight per warp); 16 tokens 2 (x's registers double). Not measured yet: benchmarks/run_h200.sh fp8m times the
+#: op with them (module constants, not ArchTuning fields, so the plan digests of the bf16 ops' shipped tables do
+#: not move with them).
 FP8_MMA_WARPS: Final = 8
-FP8_MMA_NT: Final = 2
+FP8_MMA_NT: Final = 4
 FP8_MMA_UNROLL: Final = {1: 4, 2: 2}
 #: The largest M each kernel of the family takes: the tensor-core kernel (fp32 output, and the FP8 GEMV) 16,
 #: the bf16 GEMV's SIMT kernel 1.
