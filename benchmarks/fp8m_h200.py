@@ -52,7 +52,7 @@ def main() -> int:
 
     dev = torch.device("cuda", 0)
     prof = hwprofile.profile(0)
-    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    l2 = sweep.l2_bytes(torch, dev)
     rotate = max(256 << 20, sweep.rotate_factor(l2))
     shapes = sorted({(n, k) for _, n, k in sweep.model_grid("gemv") if n * k >= MIN_ELEMENTS}, key=lambda s: s[0] * s[1])
     log_lines: list[str] = [f"device {prof.device.name}, L2 {l2 >> 20} MB, rotation {rotate >> 20} MB, {len(shapes)} shapes x M {ms}"]

@@ -25,9 +25,13 @@ class FakeLauncher:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int, int, int]] = []
+        self.split_ks: list[bool | None] = []  #: the split-K each launch asked for (None: the profile's)
         self.fail = False
 
-    def __call__(self, t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int) -> bool:
+    def __call__(
+        self, t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, split_k: bool | None = None
+    ) -> bool:
+        self.split_ks.append(split_k)
         assert out.is_contiguous() and x.is_contiguous() and w.is_contiguous(), "the kernel ABI takes contiguous operands"
         assert (out.shape, x.shape, w.shape) == ((m, n), (m, k), (n, k))
         if self.fail:

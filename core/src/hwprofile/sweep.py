@@ -38,6 +38,23 @@ class Point:
     # medians of independent passes (fresh weights each): their spread is the run-to-run noise
     kernel_passes: list[float] = field(default_factory=list)
     fallback_passes: list[float] = field(default_factory=list)
+    #: the kernel variant ``kernel_us`` holds (a key of ``tuning.VARIANTS``): the faster of those timed, or None
+    #: where one was timed (its plans do not differ, or the timer times one)
+    variant: str | None = None
+    #: every variant timed: its median over all passes (regret counts against the fastest, ``kernel_us``)
+    variant_us: dict[str, float] = field(default_factory=dict)
+
+    def take_variants(self, runs: Mapping[str | None, Sequence[Sequence[float]]]) -> None:
+        """Set the kernel's samples from each variant's passes (variant -> one list of replay times per pass): the
+        variant with the smallest median over all its samples is the kernel's time here."""
+        timed = {v: [t for p in ps for t in p] for v, ps in runs.items() if any(ps)}
+        if not timed:
+            return
+        best = min(timed, key=lambda v: (statistics.median(timed[v]), v or ""))
+        self.kernel_us = list(timed[best])
+        self.kernel_passes = [statistics.median(p) for p in runs[best] if p]
+        self.variant = best
+        self.variant_us = {v: round(statistics.median(ts), 3) for v, ts in timed.items() if v is not None}
 
     @property
     def kernel(self) -> float:
@@ -63,6 +80,7 @@ class Point:
         return max(NOISE_FLOOR, spread(self.kernel_us), spread(self.fallback_us), passes(self.kernel_passes), passes(self.fallback_passes))
 
     def as_dict(self, ties: str) -> dict[str, Any]:
+        variants = {"variant": self.variant, "variant_us": dict(self.variant_us)} if self.variant else {}  # TOML has no None
         return {
             "m": self.m,
             "n": self.n,
@@ -75,6 +93,7 @@ class Point:
             "fallback_samples": [round(x, 3) for x in self.fallback_us],
             "kernel_pass_medians": [round(x, 3) for x in self.kernel_passes],
             "fallback_pass_medians": [round(x, 3) for x in self.fallback_passes],
+            **variants,
         }
 
 
@@ -160,6 +179,14 @@ def rotate_factor(l2_bytes: int) -> int:
     return L2_ROTATIONS * max(l2_bytes, 0)
 
 
+def l2_bytes(torch: Any, dev: Any) -> int:
+    """The L2 size of CUDA device ``dev`` (0 where torch cannot tell: no CUDA, an older torch)."""
+    try:
+        return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    except (RuntimeError, AssertionError, AttributeError):
+        return 0
+
+
 class Timer(Protocol):
     def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
 
@@ -177,8 +204,7 @@ class GpuTimer:
         self.dev = torch.device("cuda", prof.device.index)
         # the weight copies one replay walks through: at least 4x the device's L2, so no call finds its weight in L2
         # (an H200's 60 MB L2 takes 240 MB; the 256 MB default covered it only by chance)
-        l2 = int(getattr(torch.cuda.get_device_properties(self.dev), "L2_cache_size", 0) or 0)
-        self.rotate = max(rotate_bytes, rotate_factor(l2))
+        self.rotate = max(rotate_bytes, rotate_factor(l2_bytes(torch, self.dev)))
 
     def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
         return replay_times(fn, calls, self.reps, self.dev)
@@ -187,20 +213,39 @@ class GpuTimer:
         """``passes`` independent passes, each with fresh weights (new allocations, new addresses), so run-to-run
         noise is measured too and a near tie rests on repeated measurements (:func:`decision_table`)."""
         point = Point(m, n, k)
+        runs: dict[str | None, list[list[float]]] = {}
         for _ in range(passes):
-            ks, fs = self._one_pass(op, m, n, k)
-            if ks:
-                point.kernel_us += ks
-                point.kernel_passes.append(statistics.median(ks))
+            kv, fs = self._one_pass(op, m, n, k)
+            for v, ks in kv.items():
+                runs.setdefault(v, []).append(ks)
             point.fallback_us += fs
             point.fallback_passes.append(statistics.median(fs))
+        point.take_variants(runs)
         return point
 
-    def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[list[float], list[float]]:
-        from .optable import GATES, get
+    def variants(self, op: str, m: int, n: int, k: int, scale: int | None) -> dict[str | None, bool | None]:
+        """The kernel variants worth timing at a shape (name -> ``split_k``): split-K on and off where the plugin plans
+        them differently, else one (None: the profile's ``gemv.split_k``)."""
+        from .tuning import VARIANTS
+
+        spec = self.prof.kernels.get(op)
+        if spec is None:
+            return {None: None}
+        try:
+            extra = {} if scale is None else {"scale": scale}
+            plans = {v: spec.configure(m=m, n=n, k=k, split_k=sk, **extra) for v, sk in VARIANTS.items()}
+        except (ValueError, TypeError):
+            return {None: None}
+        if len({(p.name_expression, p.grid, p.block, p.shared_bytes) for p in plans.values()}) < 2:
+            return {None: None}
+        return {v: sk for v, sk in VARIANTS.items()}
+
+    def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[dict[str | None, list[float]], list[float]]:
+        from .optable import GATES, ROW_SCALE, get
 
         if op in GATES:
-            return self._gate_pass(op, m, n, k)
+            ks, fs = self._gate_pass(op, m, n, k)
+            return {None: ks}, fs
         torch, ops = self.torch, self.ops
         d = get(op)
         fp8 = d.scaled
@@ -211,7 +256,7 @@ class GpuTimer:
         scales = [torch.rand(n, device=self.dev) + 0.5 for _ in ws] if fp8 else None
         x = torch.randn(m, k, device=self.dev).bfloat16()
         out = torch.empty(m, n, device=self.dev, dtype=getattr(torch, d.out_dtype))
-        kernel: list[float] = []
+        kernel: dict[str | None, list[float]] = {}
         kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
         if kernel_ok:
             try:
@@ -220,9 +265,12 @@ class GpuTimer:
                 log.info("%s M=%d N=%d K=%d: the kernel refuses the shape (%s); timing the fallback only", op, m, n, k, exc)
                 kernel_ok = False
         if kernel_ok:
-            kernel = self._graph(
-                lambda i: ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None), copies
-            )
+            for v, sk in self.variants(op, m, n, k, ROW_SCALE if scales else None).items():
+
+                def call(i: int, sk: bool | None = sk) -> Any:
+                    return ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None, split_k=sk)
+
+                kernel[v] = self._graph(call, copies)
         fallback_fn = ops.fallback(op)  # the function the op dispatches to off its kernel
         if scales is not None:
             fallback = self._graph(lambda i: fallback_fn(x, ws[i], scales[i]), copies)
@@ -315,7 +363,12 @@ def decision_table(points: Sequence[Point], ties: str) -> dict[tuple[int, int, i
         v = verdict(p)
         return v == "kernel" or (v == "tie" and (ties == "kernel" or p.kernel < p.fallback))
 
-    return {(p.m, p.n, p.k): Measured(wins(p), round(p.kernel, 3) if p.kernel_us else None, round(p.fallback, 3)) for p in points}
+    return {
+        (p.m, p.n, p.k): Measured(
+            wins(p), round(p.kernel, 3) if p.kernel_us else None, round(p.fallback, 3), p.variant if p.kernel_us else None
+        )
+        for p in points
+    }
 
 
 def run(
@@ -380,7 +433,7 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
     """Turn kernel wins that dispatch could not route (beyond the kernel's limits, its multiples or
     its plan: ``run_kernel`` runs outside them) into fallback decisions, in place; the notes say which."""
     from .ops import _dispatch
-    from .tuning import Measured, beyond_limits, measured_key, shape_text
+    from .tuning import beyond_limits, measured_key, shape_text
 
     wins = {s: d for s, d in table.items() if d.kernel}
     bad = {s: why for s in wins if (why := beyond_limits(op, s))}
@@ -388,7 +441,7 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
         r = _route_for(prof, op, {measured_key(op): ""})
         bad.update({s: why for s, why in _dispatch.untakeable(r, {s: d for s, d in wins.items() if s not in bad}, spec).items()})
     for s in bad:
-        table[s] = Measured(False, table[s].kernel_us, table[s].fallback_us)
+        table[s] = table[s]._replace(kernel=False)
     return [
         f"kernel faster at {shape_text(s)} but dispatch cannot route it there ({why}): fallback recorded" for s, why in sorted(bad.items())
     ]
