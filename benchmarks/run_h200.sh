@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(promises tests gputests firstrun ops eager floor engine gate fp8 serving sweeps catalog heldout variants counters clocks import agreement fleet)
+SUITES=(promises tests gputests firstrun ops eager floor engine gate fp8 fp8m serving sweeps catalog heldout variants counters clocks import agreement fleet)
 
 usage() {
   cat <<'EOF'
@@ -38,6 +38,8 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
              (DeepSeek-V3, Kimi-K2, 64/128/160/512 experts), ids against the torch selection (moe_gate.log/json)
   fp8        fp8_fallback_h200.py: the FP8 fallback candidates and the shipped one against the kernel and bf16
              (fp8_fallback.log/json)
+  fp8m       fp8m_h200.py: the FP8 op against the bf16 op at M = 1..16, 32, 64 over the catalog shapes with N x K >= 16M,
+             cold L2 (4x L2 rotation), 3 passes; exits non-zero when a target of issue 41 fails (fp8m.log/json)
   serving    serving_h200.py: first profile() + first call cold / warm cache / prebuilt layer (dir and wheel), capture
              warmed and unwarmed, each in fresh processes, about 150 s: its own device call (serving.log/json)
   sweeps     hwprofile sweep of each op, stamped (OP.toml, OP.png, OP.log, samples/); OPS="..." narrows it
@@ -185,7 +187,7 @@ suite_gputests() {
   fi
   step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/trust tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
     tests/ops/test_capture_first_call_gpu.py tests/ops/test_ops_gpu.py tests/ops/test_fp8_fallback.py tests/serving/test_serving_gpu.py \
-    plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
+    tests/kernels/test_gpu_kernels.py plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
   tail -4 "$D/gpu_tests.log"
   grep -E "^(FAILED|ERROR)" "$D/gpu_tests.log"
 }
@@ -234,6 +236,11 @@ suite_gate() {
 suite_fp8() {
   step fp8_fallback.log env OUT="$D" python3 benchmarks/fp8_fallback_h200.py
   tail -8 "$D/fp8_fallback.log"
+}
+
+suite_fp8m() {
+  step fp8m.log env OUT="$D" python3 benchmarks/fp8m_h200.py ${FP8M_ARGS:-}
+  tail -4 "$D/fp8m.log"
 }
 
 suite_serving() {

@@ -1172,7 +1172,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--regret-plot", type=_user_path, help="where --report writes its plot (default: samples/<op>-regret.png beside the tuned file)"
     )
     s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
-    s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
+    s.add_argument("--ties", choices=["fallback", "kernel"], default="kernel", help="who gets a near tie (kernel: fewer parts)")
     s.add_argument("--output", type=_user_path, help="tuned file to write (default: this device's tuned directory)")
     s.add_argument("--plot", type=_user_path, help="PNG of latency against M or N with the threshold marked")
     s.set_defaults(fn=cmd_sweep)
@@ -1188,7 +1188,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--all", action="store_true", help="re-measure every op that has a kernel, stale or not")
     s.add_argument("--ops", help="only these ops (comma list)")
     s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
-    s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
+    s.add_argument("--ties", choices=["fallback", "kernel"], default="kernel", help="who gets a near tie (kernel: fewer parts)")
     s.set_defaults(fn=cmd_tune)
     s = sub.add_parser("new-plugin", help="scaffold an architecture plugin package")
     s.add_argument("name", help="plugin name, e.g. sm89 (distribution hwprofile-<name>)")

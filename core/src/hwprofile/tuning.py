@@ -280,15 +280,24 @@ def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
 # kernel's limits, dispatch takes the measured path at those shapes and the model's faster predicted
 # path elsewhere, the model corrected by these times (``hwprofile.ops._dispatch.route``).
 
-MEASURED_FORMAT = "MxNxK=kernel|fallback:KERNEL_US/FALLBACK_US entries separated by '; ' (e.g. 1x4096x7168=kernel:3.1/7.2)"
+MEASURED_FORMAT = (
+    "MxNxK=kernel|fallback[@split|@nosplit]:KERNEL_US/FALLBACK_US entries separated by '; ' "
+    "(e.g. 1x4096x7168=kernel@nosplit:3.1/7.2; @VARIANT: the kernel variant that was faster there, whose time KERNEL_US is)"
+)
+
+#: the kernel variants a sweep times where their plans differ, by name: the split-K choice (``gemv.split_k``)
+VARIANTS: Final = {"split": True, "nosplit": False}
 
 
 class Measured(NamedTuple):
     """One measured shape: the path the sweep chose and both times (µs per call; ``None``: the kernel could not run it)."""
 
     kernel: bool  #: True: the kernel is taken at this shape
-    kernel_us: float | None
+    kernel_us: float | None  #: the faster variant's time where ``variant`` names one
     fallback_us: float
+    #: the kernel variant that was faster here (a key of :data:`VARIANTS`), or None: the profile's ``gemv.split_k``
+    #: (a sweep that timed one variant, or one whose variants plan alike)
+    variant: str | None = None
 
 
 def shape_text(shape: Shape) -> str:
@@ -335,6 +344,9 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
 
         shape_s, eq, rest = entry.partition("=")
         path, colon, times = rest.partition(":")
+        path, at, variant = path.partition("@")
+        if at and variant not in VARIANTS:
+            raise bad(f"names kernel variant {variant!r}, not one of {', '.join(VARIANTS)}")
         kernel_s, slash, fallback_s = times.partition("/")
         if not (eq and colon and slash):
             raise bad("is not in the format")
@@ -361,7 +373,9 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
             why = beyond_limits(op, shape)
             if why:
                 raise bad(f"routes it to the {op} kernel, which {why}: a shape the kernel cannot take")
-        out[shape] = Measured(path == "kernel", kernel_us, fallback_us)
+        if at and kernel_us is None:
+            raise bad(f"names kernel variant {variant!r} but records no kernel time")
+        out[shape] = Measured(path == "kernel", kernel_us, fallback_us, variant if at else None)
     found = _parsed[(op, text)] = MappingProxyType(out)
     return found
 
@@ -414,9 +428,10 @@ def format_measured(table: Mapping[Shape, Measured]) -> str:
     def us(t: float | None) -> str:
         return "-" if t is None else f"{t:.3f}".rstrip("0").rstrip(".")
 
-    return "; ".join(
-        f"{shape_text(s)}={'kernel' if d.kernel else 'fallback'}:{us(d.kernel_us)}/{us(d.fallback_us)}" for s, d in sorted(table.items())
-    )
+    def path(d: Measured) -> str:
+        return ("kernel" if d.kernel else "fallback") + (f"@{d.variant}" if d.variant else "")
+
+    return "; ".join(f"{shape_text(s)}={path(d)}:{us(d.kernel_us)}/{us(d.fallback_us)}" for s, d in sorted(table.items()))
 
 
 def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shape, str]:

@@ -117,14 +117,13 @@ def _modes(op: str) -> tuple[int, ...]:
 
 def plan(prof: Profile, shapes: Mapping[str, Iterable[Shape]], split_k: bool) -> list[Planned]:
     """Route every shape with :func:`~hwprofile.ops.decide` on ``prof`` and plan the kernel ones (no torch, no GPU)."""
-    from ._dispatch import decide
+    from ._dispatch import _Table, decide
 
     out: list[Planned] = []
+    t = _Table(prof)
     for gate in GATES:  # the gate kind: routed and planned with its served router's selection (optable.GateDef.router_for)
-        from ._dispatch import _Table
         from ._gate import route_gate
 
-        t = _Table(prof)
         for m, n, k in shapes.get(gate, ()):
             r = GATES[gate].router_for(n, k)
             g, launch, why = route_gate(t, m, n, k, r.n_group, r.topk_group, r.top_k)
@@ -136,7 +135,9 @@ def plan(prof: Profile, shapes: Mapping[str, Iterable[Shape]], split_k: bool) ->
                 launch = None
                 if d.path == "kernel":
                     spec = prof.kernels[op]
-                    launch = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if OPS[op].scaled else {}))
+                    sk = t.routes[op].split_k(m, n, k)  # the variant dispatch launches there (None: the profile's)
+                    sk = split_k if sk is None else sk
+                    launch = spec.configure(m=m, n=n, k=k, split_k=sk, **({"scale": mode} if OPS[op].scaled else {}))
                 out.append(Planned(op, (m, n, k), mode, d.path, d.reason, launch))
     return out
 
@@ -174,11 +175,13 @@ def warmup(
     for p in report.planned:
         if p.path != "kernel" or p.op in GATES:  # a gate's kernel is warmed by _gate.warm below
             continue
-        key = (p.op, *p.shape, p.mode, t.split_k)
+        sk = t.routes[p.op].split_k(*p.shape)  # the kernel variant dispatch launches at this shape
+        split = t.split_k if sk is None else sk
+        key = (p.op, *p.shape, p.mode, split)
         if key in t.launches:
             report.loaded += 1
             continue
-        go = _kernel._load(t, p.op, *p.shape, p.mode, t.split_k)
+        go = _kernel._load(t, p.op, *p.shape, p.mode, split)
         if go is None:
             report.failed.append(f"{p.op} M={p.shape[0]} N={p.shape[1]} K={p.shape[2]}")
         else:
