@@ -35,6 +35,7 @@ from typing import Any
 
 from . import _env, _state
 from ._log import get_logger
+from ._redact import redact
 
 log = get_logger(__name__)
 
@@ -112,7 +113,7 @@ class Store:
     def __init__(self, url: str, timeout_s: float, client: Any) -> None:
         self.url, self.timeout_s, self.client = url, timeout_s, client
         #: The URL with its password hidden: what messages, counters and ``show`` name.
-        self.shown = _env.redact_url(url)
+        self.shown = redact(url)
         self._get = client.register_script(_BOUNDED_GET)
         self._release = client.register_script(_RELEASE)
         self._renew = client.register_script(_RENEW)
@@ -312,8 +313,16 @@ def store(environ: Mapping[str, str] | None = None) -> Store | None:
             "kernels and tuned tables stay local", _env.REMOTE.name, INSTALL, error=True,
         )
         return None
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
-    made = Store(url, timeout, client)
+    try:  # the URL was checked when read (hwprofile._storeurl); a client that still refuses it is a store fault, never a raise
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        made = Store(url, timeout, client)
+    except Exception as exc:  # noqa: BLE001 - profile() and show must not fail on the store
+        _down = f"the redis client refused the URL: {type(exc).__name__}: {exc}"
+        _warn_once(
+            "client", "hwprofile: %s=%s: %s; kernels and tuned tables stay local. Fix the URL (docs/fleet.md)",
+            _env.REMOTE.name, redact(url), _down, error=True,
+        )
+        return None
     with _state_lock:
         _store = made
     return made
@@ -327,7 +336,7 @@ def status(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
         return {"url": "?", "state": f"refused: {exc}", **counters()}
     if url is None:
         return None
-    return {"url": _env.redact_url(url), "state": "not used: " + _down if _down is not None else "in use", **counters()}
+    return {"url": redact(url), "state": "not used: " + _down if _down is not None else "in use", **counters()}
 
 
 def describe(st: Mapping[str, Any]) -> str:

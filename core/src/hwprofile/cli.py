@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _env
+from ._redact import redacted_output
 from ._text import table
 from .errors import DeviceError, HwprofileError, ToolchainError
 from .optable import TABLE
@@ -1217,7 +1218,8 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         sys.stdout = closed  # print() writes here, argparse's --version and --help too
     restore = _render_unencodable(sys.stdout)
     try:
-        code = _main(argv, program=program)
+        with redacted_output():  # every line printed passes the one redaction (the store's password)
+            code = _main(argv, program=program)
     except SystemExit as exc:  # argparse's own exits (--version, --help, a usage error)
         if closed is not None and closed.written and exc.code in (0, None):
             raise SystemExit(_closed_stdout_failure()) from None

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _deps, _env
+from ._redact import redact
 from .errors import HwprofileError
 
 #: Version of ``hwprofile doctor --json``'s layout (the ``format`` key).
@@ -118,7 +119,7 @@ def _environment(extra: set[str]) -> dict[str, str]:
     out = {}
     for k, v in sorted(os.environ.items()):
         if k.startswith(ENV_PREFIXES) or k in ENV_NAMES or k in extra:
-            out[k] = REDACTED if any(t in k.upper() for t in _SECRET) else _env.redact_url(v) if k == _env.REMOTE.name else v
+            out[k] = REDACTED if any(t in k.upper() for t in _SECRET) else redact(v)  # a URL's password, a remembered secret
     return out
 
 
@@ -474,7 +475,7 @@ def _remote_check() -> list[Check]:
         return [Check("remote store", "FAIL", str(exc), f"fix or unset {_env.REMOTE.name}")]
     if url is None:
         return []
-    shown = _env.redact_url(url)
+    shown = redact(url)
     store = _remote.store()
     if store is None:
         why = (_remote.status() or {}).get("state", "not used")
