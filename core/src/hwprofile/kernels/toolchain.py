@@ -186,10 +186,10 @@ class CompileOptions:
         kernels at another prefix or on another host share their entries.
         """
         fixed = [f"-I<include {i}>" for i in range(len(self.include_dirs))]
-        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *_portable(self.extra)]}
+        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *portable_options(self.extra)]}
 
 
-def _portable(options: Sequence[str]) -> list[str]:
+def portable_options(options: Sequence[str]) -> list[str]:
     """``options`` with every include directory replaced by a numbered placeholder, every forced header by its file name."""
     out: list[str] = []
     n = 0
