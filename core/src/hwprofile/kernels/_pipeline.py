@@ -271,7 +271,7 @@ def _remote_store() -> _remote.Store | None:
 
 def _read_layers(layers: kcache.Layers, key: str, target: str, exprs: tuple[str, ...]) -> CompiledKernel | None:
     for layer in layers.read:
-        entry = kcache.read(layer.fd, layer.path, key, target, exprs, read_only=not layer.writable)
+        entry = kcache.read(layer.fd, layer.path, key, target, exprs, read_only=not layer.writable, any_owner=layer.shipped)
         if entry is not None:
             return entry
     return None
