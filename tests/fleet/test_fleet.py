@@ -352,7 +352,7 @@ def test_no_client_package_is_one_error_line_naming_the_extra(toy: tuple[KernelS
         for expr in spec.instances:
             _pipeline.compile_spec(spec, "sm_90a", (expr,))
     lines = [r for r in caplog.records if "redis package" in r.getMessage()]
-    assert len(lines) == 1 and lines[0].levelno == logging.ERROR and "pip install 'hwprofile[remote]'" in lines[0].getMessage()
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR and _remote.install() in lines[0].getMessage()
     assert compiles == list(spec.instances)
 
 

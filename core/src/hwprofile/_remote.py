@@ -1,8 +1,8 @@
 """The fleet store: a Redis server through which hosts share cubins and tuned tables. Never trusts what it reads.
 
 ``HWPROFILE_REMOTE=redis://host:port[/db]`` (``rediss://`` for TLS, ``user:password@`` for
-authentication: what redis-py's ``from_url`` takes) names it; the client, redis-py (``pip install
-'hwprofile[remote]'``), is imported only then. This module moves bytes and holds locks; it never
+authentication: what redis-py's ``from_url`` takes) names it; the client, redis-py (the ``[remote]``
+extra: ``pip install './core[remote]'``, :func:`install`), is imported only then. This module moves bytes and holds locks; it never
 decides whether a value is good: callers verify every value exactly as they verify a file of theirs
 (:func:`hwprofile.kernels.cache.read_remote` through the cache's ``decode``, :func:`hwprofile.tuning.decode_tuned`
 through the tuned-file checks), and a value that fails is skipped with one warning.
@@ -276,7 +276,11 @@ _down: str | None = None  # why the store is not used in this process (a fault, 
 _state_lock = threading.Lock()
 _warned: set[str] = set()
 
-INSTALL = "pip install 'hwprofile[remote]'"
+def install() -> str:
+    """The command that installs the ``[remote]`` extra (redis-py), from where hwprofile came (never by bare name)."""
+    from ._install import hwprofile_extra
+
+    return hwprofile_extra("remote")
 
 
 def _warn_once(what: str, msg: str, *args: Any, error: bool = False) -> None:
@@ -307,10 +311,10 @@ def store(environ: Mapping[str, str] | None = None) -> Store | None:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
     except ImportError:
-        _down = f"the redis package is not installed ({INSTALL})"
+        _down = f"the redis package is not installed ({install()})"
         _warn_once(
             "import", "hwprofile: %s names a remote store, but its client, the redis package, is not installed: %s. Until then "
-            "kernels and tuned tables stay local", _env.REMOTE.name, INSTALL, error=True,
+            "kernels and tuned tables stay local", _env.REMOTE.name, install(), error=True,
         )
         return None
     try:  # the URL was checked when read (hwprofile._storeurl); a client that still refuses it is a store fault, never a raise

@@ -1049,7 +1049,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
-    print(scaffold.hint(directory, target))
+    print(scaffold.hint(directory, target, family=args.family))
     return 0
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _deps, _env
+from ._install import hwprofile_extra
 from ._redact import redact
 from .errors import HwprofileError
 
@@ -404,11 +405,11 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None, nvrtc_
     out.append(Check("nvrtc", "OK", f"NVRTC {nv[0]}.{nv[1]}, targets sm_{', sm_'.join(map(str, kernels.nvrtc_archs()))}"))
     cudart, problem = kernels.cuda_headers()
     if problem:
-        out.append(Check("headers", "FAIL", problem, f"pip install 'hwprofile[cu{nv[0]}]'"))
+        out.append(Check("headers", "FAIL", problem, hwprofile_extra(f"cu{nv[0]}")))
     elif cudart and all(os.path.isfile(os.path.join(cudart, h)) for h in ("cuda_bf16.h", "cuda_fp8.h")):
         out.append(Check("headers", "OK", f"CUDA {nv[0]} headers (cuda_bf16.h, cuda_fp8.h) in {cudart}"))
     else:
-        out.append(Check("headers", "FAIL", f"cuda_bf16.h or cuda_fp8.h missing from {cudart}", f"pip install 'hwprofile[cu{nv[0]}]'"))
+        out.append(Check("headers", "FAIL", f"cuda_bf16.h or cuda_fp8.h missing from {cudart}", hwprofile_extra(f"cu{nv[0]}")))
     real = [d for d in det.devices if not d.simulated]
     if real:
         problem = kernels.check_driver_for_nvrtc(real[0].cuda_driver_version)
@@ -429,7 +430,7 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None, nvrtc_
                     "WARN",
                     f"torch is built for CUDA {torch_cuda} but NVRTC is CUDA {nv[0]}.{nv[1]}: the kernels need a driver for CUDA {nv[0]}, "
                     "and two CUDA runtimes share the process",
-                    f"install the extra matching torch: pip install 'hwprofile[cu{tmajor}]'",
+                    f"install the extra matching torch: {hwprofile_extra(f'cu{tmajor}')}",
                 )
             )
         else:
@@ -479,7 +480,7 @@ def _remote_check() -> list[Check]:
     store = _remote.store()
     if store is None:
         why = (_remote.status() or {}).get("state", "not used")
-        return [Check("remote store", "WARN", f"{shown}: {why}", _remote.INSTALL if "redis package" in why else "see detail")]
+        return [Check("remote store", "WARN", f"{shown}: {why}", _remote.install() if "redis package" in why else "see detail")]
     try:
         pong = store.ping()
     except Exception as exc:  # noqa: BLE001 - any fault of the store or its client is the finding

@@ -150,7 +150,10 @@ def check_target(target: str) -> None:
         need = MIN_NVRTC.get(target)
         v = nvrtc_version()
         hint = f"it needs NVRTC {need[0]}.{need[1]} or newer" if need else "no known NVRTC supports it"
-        raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with pip install -U 'hwprofile[cu13]'")
+        from .._install import hwprofile_extra
+
+        upgrade = hwprofile_extra("cu13", upgrade=True)
+        raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with {upgrade}")
 
 
 @dataclass(frozen=True)
