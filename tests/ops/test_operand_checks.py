@@ -75,3 +75,21 @@ def test_moe_gate_takes_real_scalars_of_any_kind() -> None:
     b = ops.moe_gate(x, w, top_k=2, n_group=1, topk_group=1, routed_scaling_factor=5 // 2 + 0.5)
     c = ops.moe_gate(x, w, top_k=2, n_group=1, topk_group=1, routed_scaling_factor=2)
     assert torch.equal(a[1], b[1]) and torch.allclose(c[1] * 1.25, a[1])
+
+
+@pytest.mark.parametrize("shapes", [{"router_gemm": [(1, 256, 7168)]}, {"moe_gate": [(1, 256, 7168)]}])
+def test_warmup_of_a_gpu_this_torch_cannot_reach_is_a_clear_error(shapes: dict[str, list[tuple[int, int, int]]],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this torch reaches a GPU")
+    from hwprofile.errors import HwprofileError
+    from hwprofile.kernels import _pipeline
+
+    monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
+    hwprofile.reset()
+    monkeypatch.setattr(_pipeline, "compile_spec", lambda *a, **k: pytest.fail("nothing is compiled before the check"))
+    with pytest.raises(HwprofileError) as e:  # not torch's AssertionError("Torch not compiled with CUDA enabled")
+        ops.warmup(shapes=shapes)
+    msg = str(e.value)
+    assert msg.startswith("hwprofile.ops.warmup cannot warm device 0 (NVIDIA H200") and "simulated by HWPROFILE_DEVICE" in msg
+    assert ("CPU build" in msg or "CUDA device(s)" in msg) and "hwprofile compile --arch sm_90a --warm" in msg
