@@ -9,7 +9,8 @@ through the tuned-file checks), and a value that fails is skipped with one warni
 
 * **Keys** are versioned and namespaced (:data:`NAMESPACE`): ``hwprofile:1:cubin:<portable cache key>``
   and ``hwprofile:1:tuned:<device SKU>:<plugin>:<op>``; the fleet's tuning lock is
-  ``hwprofile:1:lock:tune:<device SKU>:<plugin>``. The cache key already hashes every compile input;
+  ``hwprofile:1:lock:tune:<device SKU>:<plugin>``, its compile lock of one cubin
+  ``hwprofile:1:lock:compile:<portable cache key>``. The cache key already hashes every compile input;
   a tuned value carries its stamp, judged by the stamp comparison a tuned file gets.
 * **Bounded reads**: a value longer than the caller's limit is never transferred (a server-side
   script answers its length instead) and counts as rejected, with one warning.
@@ -17,7 +18,8 @@ through the tuned-file checks), and a value that fails is skipped with one warni
   ``HWPROFILE_REMOTE_TIMEOUT`` and no retry; the first fault is one warning, after which this
   process is local-only (no further connection) until ``hwprofile.reset()``.
 * **Publishing is best effort**: a failed write is the same one warning; the value was used locally anyway.
-* **The lock** (:class:`FleetLock`): ``SET key token NX PX ttl``, renewed by its holder every third of
+* **The locks** (:class:`FleetLock`; one per SKU and plugin for tuning, one per cubin for compiling):
+  ``SET key token NX PX ttl``, renewed by its holder every third of
   the ttl, released by a compare-and-delete script (only the holder's token); a killed holder's lock
   expires after :data:`LOCK_TTL_S`.
 
@@ -78,6 +80,19 @@ def tune_lock_key(device: str, plugin: str) -> str:
     return f"{NAMESPACE}:lock:tune:{slug(device)}:{slug(plugin)}"
 
 
+def compile_lock_key(key: str) -> str:
+    """The fleet's compile lock of one cubin (its portable cache key): one host compiles it, the others read what it publishes."""
+    return f"{NAMESPACE}:lock:compile:{key}"
+
+
+#: How long a host waits for another host's compile of the same cubin before compiling it itself (seconds): a live
+#: holder renews its lock, so this bounds only a compile that hangs; a dead one costs :data:`LOCK_TTL_S`.
+COMPILE_WAIT_S = 600.0
+#: What a fleet lock is for, in the words its messages use: (what the holder does, what the others wait for).
+TUNE = ("tuning the same SKU on another host", "its tables")
+COMPILE = ("compiling the same kernel on another host", "its cubin")
+
+
 class _Counters:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -135,8 +150,11 @@ class Store:
             self.shown, _env.REMOTE.name, what, _down, self.timeout_s,
         )
 
-    def get_many(self, kind: str, keys: Sequence[str], limit: int) -> dict[str, bytes]:
-        """The values of ``keys`` no longer than ``limit`` bytes (absent ones left out; longer ones rejected with a warning)."""
+    def get_many(self, kind: str, keys: Sequence[str], limit: int, *, count: bool = True) -> dict[str, bytes]:
+        """The values of ``keys`` no longer than ``limit`` bytes (absent ones left out; longer ones rejected with a warning).
+
+        ``count``: note misses and rejections in the counters (off for a second look at a value already counted).
+        """
         if not keys or _down is not None:
             return {}
         try:
@@ -150,14 +168,17 @@ class Store:
         out: dict[str, bytes] = {}
         for key, value in zip(keys, got, strict=True):
             if value is None:
-                _counters.note(kind, "misses")
+                if count:
+                    _counters.note(kind, "misses")
             elif isinstance(value, Exception):
-                _counters.note(kind, "rejected")
+                if count:
+                    _counters.note(kind, "rejected")
                 _warn_once(
                     f"type:{key}", "hwprofile: remote %s entry %s in %s cannot be read (%s); it is skipped", kind, key, self.shown, value,
                 )
             elif isinstance(value, int):
-                _counters.note(kind, "rejected")
+                if count:
+                    _counters.note(kind, "rejected")
                 _warn_once(
                     f"size:{key}", "hwprofile: remote %s entry %s in %s is %d bytes, over the %d-byte limit; it is not read",
                     kind, key, self.shown, value, limit,
@@ -166,8 +187,8 @@ class Store:
                 out[key] = bytes(value)
         return out
 
-    def get(self, kind: str, key: str, limit: int) -> bytes | None:
-        return self.get_many(kind, [key], limit).get(key)
+    def get(self, kind: str, key: str, limit: int, *, count: bool = True) -> bytes | None:
+        return self.get_many(kind, [key], limit, count=count).get(key)
 
     def put(self, kind: str, key: str, value: bytes) -> bool:
         """Store ``value`` under ``key`` (best effort: a fault is the one warning, then local-only)."""
@@ -189,18 +210,20 @@ class Store:
         info = self.client.info("server")
         return {"version": str(info.get("redis_version", "?")), "ms": round(ms, 2)}
 
-    def lock(self, key: str, ttl_s: float | None = None) -> FleetLock:
-        return FleetLock(self, key, LOCK_TTL_S if ttl_s is None else ttl_s)
+    def lock(self, key: str, ttl_s: float | None = None, purpose: tuple[str, str] = TUNE, *, quiet: bool = False) -> FleetLock:
+        """The fleet lock ``key`` (:data:`TUNE` or :data:`COMPILE` says what for); ``quiet``: a wait is logged at info, not warning."""
+        return FleetLock(self, key, LOCK_TTL_S if ttl_s is None else ttl_s, purpose, quiet=quiet)
 
 
 class FleetLock:
     """One holder across the fleet: ``SET NX PX`` with a token, renewed while held, released only by its holder."""
 
-    def __init__(self, store: Store, key: str, ttl_s: float) -> None:
+    def __init__(self, store: Store, key: str, ttl_s: float, purpose: tuple[str, str] = TUNE, *, quiet: bool = False) -> None:
         import secrets
         import socket
 
         self.store, self.key, self.ttl_ms = store, key, max(1, int(ttl_s * 1e3))
+        self.purpose, self.quiet = purpose, quiet
         self.token = f"pid {os.getpid()} on {socket.gethostname()} ({secrets.token_hex(4)})"
         #: Whether :meth:`acquire` found the lock held by another and waited.
         self.waited = False
@@ -217,7 +240,7 @@ class FleetLock:
                 return True
             got = self.store.client.get(self.key)
         except Exception as exc:  # noqa: BLE001 - a store fault: the caller proceeds alone
-            self.store._fault("taking the fleet tuning lock", exc)
+            self.store._fault(f"taking the fleet lock {self.key}", exc)
             return None
         self.holder = got.decode(errors="replace") if isinstance(got, bytes) else str(got or "")
         return False
@@ -240,9 +263,9 @@ class FleetLock:
                 return True
             if not self.waited:
                 self.waited = True
-                log.warning(
-                    "hwprofile: %s is held in the remote store %s by %s (tuning the same SKU on another host); waiting up to %.0f s "
-                    "for its tables", self.key, self.store.shown, self.holder or "another process", timeout_s,
+                (log.info if self.quiet else log.warning)(
+                    "hwprofile: %s is held in the remote store %s by %s (%s); waiting up to %.0f s for %s",
+                    self.key, self.store.shown, self.holder or "another process", self.purpose[0], timeout_s, self.purpose[1],
                 )
             left = deadline - time.monotonic()
             if left <= 0:
@@ -254,7 +277,8 @@ class FleetLock:
         while not self._stop.wait(self.ttl_ms / 3e3):
             try:
                 if not self.store._renew(keys=[self.key], args=[self.token, self.ttl_ms]):
-                    log.warning("hwprofile: the fleet lock %s expired while this process held it; another host may tune too", self.key)
+                    log.warning("hwprofile: the fleet lock %s expired while this process held it; another host may do the same work",
+                                self.key)
                     return
             except Exception:  # noqa: BLE001 - the lock then expires: at worst a duplicate tuning, never a wrong table
                 return
@@ -268,7 +292,7 @@ class FleetLock:
                 try:
                     self.store._release(keys=[self.key], args=[self.token])
                 except Exception as exc:  # noqa: BLE001 - the lock expires by itself
-                    self.store._fault("releasing the fleet tuning lock", exc)
+                    self.store._fault(f"releasing the fleet lock {self.key}", exc)
 
 
 _store: Store | None = None

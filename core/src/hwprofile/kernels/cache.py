@@ -598,20 +598,24 @@ def read(
     return CompiledKernel(entry.key, entry.target, entry.cubin, entry.lowered, entry.log, True, layer=layer_label(dpath, not read_only))
 
 
-def read_remote(store: _remote.Store, key: str, target: str, expressions: Sequence[str]) -> CompiledKernel | None:
+def read_remote(
+    store: _remote.Store, key: str, target: str, expressions: Sequence[str], *, again: bool = False
+) -> CompiledKernel | None:
     """The entry of ``key`` in the fleet store, verified by :func:`decode` exactly as a file is, or None.
 
     A value over :data:`hwprofile._remote.MAX_CUBIN_BYTES` is never transferred; one that fails
     :func:`decode` (corrupt, another key's, another target's, lacking an instance) is one warning and
-    a miss: the kernel is compiled here and the good entry published over it.
+    a miss: the kernel is compiled here and the good entry published over it. ``again``: a second look
+    after a miss (under the compile lock), whose miss or rejection is not counted twice.
     """
     rkey = _remote.cubin_key(key)
-    data = store.get("cubin", rkey, _remote.MAX_CUBIN_BYTES)
+    data = store.get("cubin", rkey, _remote.MAX_CUBIN_BYTES, count=not again)
     if data is None:
         return None
     entry, problem = decode(data, key, target, expressions)
     if entry is None:
-        _remote.note("cubin", "rejected")
+        if not again:  # the second look finds the value the first rejected: one value, counted once
+            _remote.note("cubin", "rejected")
         _warn_once(f"remote:{rkey}:{problem}", "remote kernel cache entry %s in %s %s; it is not loaded: compiling here and "
                    "publishing over it", rkey, store.shown, problem)
         return None
