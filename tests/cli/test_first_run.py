@@ -144,7 +144,7 @@ def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], m
     def no_nvrtc() -> tuple[int, int]:
         calls.append(1)
         raise ToolchainError(
-            "cuda-python's NVRTC bindings are not importable (No module named 'cuda'); install them with pip install 'hwprofile[cu13]'"
+            "cuda-python's NVRTC bindings are not importable (No module named 'cuda'); install them with pip install './core[cu13]'"
         )
 
     monkeypatch.setattr(toolchain, "nvrtc_version", no_nvrtc)  # jit.check_toolchain is toolchain's
@@ -152,7 +152,7 @@ def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], m
     code, out, err = run(capsys, "compile", "--arch", "all")
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hwprofile: error: cannot compile: ") and "hwprofile[cu13]" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("hwprofile: error: cannot compile: ") and "[cu13]" in lines[0]
     assert len(calls) == 1
 
 
