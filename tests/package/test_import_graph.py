@@ -218,14 +218,17 @@ def test_kernels_never_reach_settings_registry_or_ops() -> None:
         assert not bad, f"{mod} imports {sorted(bad)}: the kernel pipeline sits below settings, registry, profiles and ops"
 
 
-def test_errors_imports_no_hwprofile_module() -> None:
-    """Every module imports errors: one import there closes a circle with all of them."""
-    assert not GRAPH["hwprofile.errors"]
+def test_errors_imports_only_the_redaction() -> None:
+    """Every module imports errors: one import there closes a circle with all of them, unless the module
+    imported imports nothing of hwprofile (_redact: every error message passes it)."""
+    assert GRAPH["hwprofile.errors"] == {"hwprofile._redact"} and not GRAPH["hwprofile._redact"]
 
 
 def test_env_imports_only_errors() -> None:
-    """Every layer reads its control variables from _env, so it sits at the bottom with errors."""
-    assert GRAPH["hwprofile._env"] == {"hwprofile.errors"}
+    """Every layer reads its control variables from _env, so it sits at the bottom with errors (and the
+    redaction and the store URL's check, which sit below it)."""
+    assert GRAPH["hwprofile._env"] == {"hwprofile.errors", "hwprofile._redact", "hwprofile._storeurl"}
+    assert GRAPH["hwprofile._storeurl"] == {"hwprofile._redact"}
 
 
 def test_kernels_face_is_the_pipelines() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _env
+from ._redact import redacted_output
 from ._text import table
 from .errors import DeviceError, HwprofileError, ToolchainError
 from .optable import TABLE
@@ -1057,7 +1058,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
-    print(scaffold.hint(directory, target))
+    print(scaffold.hint(directory, target, family=args.family))
     return 0
 
 
@@ -1226,7 +1227,8 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         sys.stdout = closed  # print() writes here, argparse's --version and --help too
     restore = _render_unencodable(sys.stdout)
     try:
-        code = _main(argv, program=program)
+        with redacted_output():  # every line printed passes the one redaction (the store's password)
+            code = _main(argv, program=program)
     except SystemExit as exc:  # argparse's own exits (--version, --help, a usage error)
         if closed is not None and closed.written and exc.code in (0, None):
             raise SystemExit(_closed_stdout_failure()) from None

@@ -1,16 +1,22 @@
 """Exceptions a user can hit. Each message says what went wrong, where, and what to do.
 
-Never imports another hwprofile module, not even for the type checker: every module imports this
-one, so any import here would put it in an import circle with all of them.
+Never imports another hwprofile module but :mod:`hwprofile._redact` (which imports none), not even for
+the type checker: every module imports this one, so any other import here would put it in an import
+circle with all of them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._redact import redact
+
 
 class HwprofileError(Exception):
-    """Base class of every error hwprofile raises on purpose."""
+    """Base class of every error hwprofile raises on purpose; its message passes :func:`hwprofile._redact.redact`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class DeviceError(HwprofileError, LookupError):

@@ -32,6 +32,8 @@ captured a slot of its own, so two launches that may run at once never share a c
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Final
@@ -289,10 +291,30 @@ def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_gr
     return int(n), int(k)
 
 
+def check_scalars(renormalize: Any, scaling: Any) -> float:
+    """``renormalize`` a bool and ``routed_scaling_factor`` a finite real number > 0 (returned as a float).
+
+    Python scalars, checked once per call with a type test and ``math.isfinite`` (no tensor work): a
+    NaN or inf factor would make every weight NaN or inf, ``'2.5'`` would fail deep in torch, and
+    ``renormalize='no'`` would read as true.
+    """
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"moe_gate: renormalize must be a bool (True or False), got {type(renormalize).__name__} {renormalize!r}")
+    if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real):
+        raise TypeError(
+            f"moe_gate: routed_scaling_factor must be a real number (a float such as 2.5), got {type(scaling).__name__} {scaling!r}"
+        )
+    value = float(scaling)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"moe_gate: routed_scaling_factor must be finite and > 0 (the model config's value, 1.0 for none), got {value!r}")
+    return value
+
+
 def call(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
          scoring: str) -> tuple[Any, Any]:
     """``ops.moe_gate``'s entry: eager, compiled (:func:`_compiled`) or with gradients; returns ``[..., top_k]`` ids and weights."""
     n, k = check(hidden, weight, bias, top_k, n_group, topk_group, scoring)
+    scaling = check_scalars(renormalize, scaling)
     lead = hidden.shape[:-1]
     if _dispatch._compiling():
         ids, wts = _compiled(hidden, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)

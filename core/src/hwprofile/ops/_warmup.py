@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import _env
 from .._log import get_logger
 from ..errors import HwprofileError
 from ..optable import GATES, NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE
@@ -142,6 +143,21 @@ def plan(prof: Profile, shapes: Mapping[str, Iterable[Shape]], split_k: bool) ->
     return out
 
 
+def _refuse_without_cuda(torch: Any, prof: Any, idx: int) -> None:
+    """A clear error, instead of torch's AssertionError at the first tensor, when this torch cannot reach CUDA device ``idx``."""
+    if torch.cuda.is_available() and idx < torch.cuda.device_count():
+        return
+    d = prof.device
+    what = f"device {idx} ({d.name}{f', simulated by {_env.DEVICE.name}' if d.simulated else ''})"
+    why = (f"torch {torch.__version__} is a CPU build (no CUDA)" if torch.version.cuda is None
+           else f"torch sees {torch.cuda.device_count()} CUDA device(s)")
+    raise HwprofileError(
+        f"hwprofile.ops.warmup cannot warm {what}: {why}, and warm-up runs each op's fallback and the gate on that GPU. "
+        f"Run it on the GPU host with a CUDA build of torch; to fill a kernel cache without a GPU, use 'hwprofile compile "
+        f"--arch {prof.target or 'TARGET'} --warm OP:MxNxK' (or --models); warmup(..., fallbacks=False) only compiles and loads"
+    )
+
+
 def warmup(
     device: int | str | Any = None, shapes: Mapping[str, Iterable[Shape]] | None = None, *, models: Iterable[str] = (),
     fallbacks: bool = True,
@@ -170,6 +186,8 @@ def warmup(
     if _kernel._capturing(idx):
         raise HwprofileError("hwprofile.ops.warmup was called inside a CUDA-graph capture; warm up before capturing")
     t = _dispatch.table(idx)
+    if idx != _dispatch._cpu_index and (fallbacks or any(op in wanted for op in GATES)):
+        _refuse_without_cuda(torch, t.prof, idx)  # before any compile: the fallbacks and the gate run on that GPU
     report = WarmupReport(idx)
     report.planned = plan(t.prof, wanted, t.split_k)
     for p in report.planned:
