@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import _state
 from .._log import get_logger
-from ..errors import KernelError
+from ..errors import KernelError, NotWarmedError
 from ..optable import MOE_GATE
 from . import _dispatch, _kernel
 
@@ -499,7 +499,7 @@ def _not_ready(t: _dispatch._Table, m: int, n: int, k: int, what: str) -> None:
     """Inside a capture, the kernel (or its workspace) is not ready: the fallback if that is safe, else NotWarmedError."""
     fix = f"call hwprofile.ops.warmup(device={t.index}, shapes={{'moe_gate': [({m}, {n}, {k})]}}) before capturing"
     if (OP, t.index, _kernel.thread_id()) not in _kernel.fallback_ready:
-        raise _kernel.NotWarmedError(
+        raise NotWarmedError(
             f"moe_gate (M={m}, N={n}, K={k}) was first called inside a CUDA-graph capture on cuda:{t.index}: {what}, and its "
             f"fallback never ran on this device in this thread (cuBLAS); either would break the capture; {fix}"
         )
@@ -537,8 +537,8 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
             ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), counter, x.data_ptr(), w.data_ptr(),
             0 if bias is None else bias.data_ptr(), m, n, k, n_group, topk_group, top_k, flags, float(scaling),
         ))
-    except (kernels.CompileForbiddenError, _kernel.NotWarmedError) as exc:
-        if isinstance(exc, _kernel.NotWarmedError):
+    except (kernels.CompileForbiddenError, NotWarmedError) as exc:
+        if isinstance(exc, NotWarmedError):
             raise
         raise kernels.CompileForbiddenError(f"moe_gate (M={m}, N={n}, K={k}) on cuda:{t.index}: {exc}") from None
     except Exception as exc:
