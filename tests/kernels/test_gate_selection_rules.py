@@ -35,7 +35,7 @@ def f32(v: float) -> float:
 
 
 def order_key(v: float) -> int:  # moe_gate.cuh: order_key()
-    b = struct.unpack("<I", struct.pack("<f", v + 0.0))[0]
+    b: int = struct.unpack("<I", struct.pack("<f", v + 0.0))[0]
     return max((~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000), 1)
 
 
