@@ -379,7 +379,7 @@ def _compiled(hidden: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_grou
     selection); a dynamic shape the custom op, which routes at run time; a call that needs gradients
     router_gemm's custom op (its backward) and the torch selection.
     """
-    x = hidden.reshape(-1, k)
+    x = hidden if hidden.dim() == 2 else hidden.reshape(-1, k)  # a 2-D hidden state: no aten.view around the custom op
     if (hidden.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
         from ._dispatch import ENTRIES
 
@@ -408,7 +408,7 @@ def define(torch: Any, lib: Any) -> None:
     def impl(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
              scoring: str) -> tuple[Any, Any]:
         n, k = check(x, w, bias, top_k, n_group, topk_group, scoring)
-        return eager(x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
+        return eager(x if x.dim() == 2 else x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
 
     def fake(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
              scoring: str) -> tuple[Any, Any]:
