@@ -224,8 +224,9 @@ def select_torch(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: i
         grouped = choice.view(m, n_group, per)
         group_scores = grouped.amax(dim=-1) if scoring == "softmax" else grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
-        mask = torch.zeros((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, True)
-        choice = choice.masked_fill(~mask.unsqueeze(-1).expand(m, n_group, per).reshape(m, n), float("-inf"))
+        # the dropped groups' experts to -inf through a broadcast mask: no negation, no [M, N] mask copy (two launches fewer)
+        drop = torch.ones((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, False)
+        choice = grouped.masked_fill(drop.unsqueeze(-1), float("-inf")).view(m, n)
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
     weights = scores.gather(1, ids)
     if renormalize:
