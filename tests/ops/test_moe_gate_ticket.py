@@ -43,7 +43,7 @@ def test_eager_launches_share_their_streams_word_and_only_it(fresh: Any) -> None
     ws = _gate._workspace[0]
     assert ws.dtype == torch.int32 and ws.numel() == _gate.COUNTER_SLOTS and int(ws.count_nonzero()) == 0
     assert word(fresh, a1) < _gate._STREAM_SLOTS and word(fresh, b) < _gate._STREAM_SLOTS
-    other = SimpleNamespace(index=1)
+    other: Any = SimpleNamespace(index=1)
     c = _gate._counter(other, dev, 111, False)
     assert c is not None and _gate._workspace[1] is not ws  # a device's own buffer
 
