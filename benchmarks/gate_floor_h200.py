@@ -120,7 +120,7 @@ def profile(ms: list[int]) -> int:
                     for _ in range(20):
                         g.replay()
                     torch.cuda.synchronize()
-                table = p.key_averages().table(sort_by="cuda_time_total", row_limit=12)
+                table = p.key_averages().table(sort_by="device_time_total", row_limit=12)
                 lines.append(f"== {r.name} N={r.n} K={r.k} M={m}: {name}, 20 graph replays\n{table}")
                 if name == "fused gate" and m == ms[0]:
                     p.export_chrome_trace(str(OUT / f"gate_trace_{r.name}.json"))
