@@ -23,8 +23,9 @@ fallback if that ran in this thread before (``_kernel.fallback_ready``), else
 :class:`~hwprofile.ops.NotWarmedError` names the op and the shape; ``hwprofile.ops.warmup`` loads the
 kernel, allocates the workspace and runs the fallback once.
 
-The counter workspace: the kernel's last CTA is found with a device-wide counter that is zero
-between launches. Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
+The counter workspace: the kernel's last CTA is found with a device-wide ticket word that is zero
+between launches (the last CTA's own ``atom.inc`` wraps it to zero: nothing resets it, on the host or
+the device). Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
 freed (a captured graph keeps its address); an eager launch uses its stream's slot, a launch being
 captured a slot of its own, so two launches that may run at once never share a counter.
 """
