@@ -1,6 +1,6 @@
 """Where the fused MoE gate's time goes, and whether it sits at its floor (issue 43), on the GPU.
 
-Three modes (``benchmarks/run_h200.sh gateprof`` runs all three, each well under 8 minutes):
+Four modes (``benchmarks/run_h200.sh gateprof`` runs all four, together under 8 minutes):
 
 * ``floor``: for every router of the op table's gate at M = 1..16, the fused gate (``ops._gate.run_kernel``) and its
   own GEMM alone (``ops.run_kernel("router_gemm")``, the same tiling) timed side by side, CUDA-graph replay of a
@@ -12,7 +12,12 @@ Three modes (``benchmarks/run_h200.sh gateprof`` runs all three, each well under
   step), per-kernel CUDA time and the launch gaps (gate_profile.txt, gate_trace.json for chrome://tracing).
 * ``ncu``: one launch per profiler window (``cudaProfilerStart`` / ``Stop``) for Nsight Compute: DeepSeek-V3 and
   Kimi-K2 at M = 1, 8, 16, the fused gate then its GEMM alone, labels in gate_ncu_order.txt.
-Usage: OUT=dir python3 benchmarks/gate_floor_h200.py floor|profile|ncu [--m 1,2,4,8]
+* ``compiled``: DeepSeek-V3's ``ops.moe_gate`` against torch's step (``bench_engine._dsv3_select``) under
+  ``torch.compile(fullgraph=True)``, plain and ``mode="reduce-overhead"``, wall time per step as ``bench_engine``
+  times it, with what dynamo and inductor counted (graph breaks, recompiles, cudagraph skips: their reasons) and the
+  cudagraphs / perf-hint logs on stderr: why a compiled gate runs below plain torch (issue 43, item 4). Exits 1 below
+  0.98x (compile) or 1.0x (reduce-overhead).
+Usage: OUT=dir python3 benchmarks/gate_floor_h200.py floor|profile|ncu|compiled [--m 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -152,6 +157,47 @@ def ncu(ms: list[int]) -> int:
     return 0
 
 
+def compiled(ms: list[int]) -> int:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_engine import _dsv3_select, wall
+    from torch._dynamo.utils import counters
+
+    torch._logging.set_logs(cudagraphs=True, perf_hints=True, recompiles=True, graph_breaks=True)
+    w = torch.randn(256, 7168, device=dev).bfloat16()
+    b = torch.randn(256, device=dev) * 0.05
+    torch._dynamo.mark_static_address(w)
+    torch._dynamo.mark_static_address(b)
+
+    def hw(h: Any) -> Any:
+        return ops.moe_gate(h, w, b, top_k=8, n_group=8, topk_group=4, routed_scaling_factor=2.5)
+
+    def ref(h: Any) -> Any:
+        return _dsv3_select(torch.mm(h, w.t(), out_dtype=torch.float32), b)
+
+    rows, fails = [], 0
+    for m in ms:
+        h = torch.randn(m, 7168, device=dev).bfloat16()
+        for mode, target in (("default", 0.98), ("reduce-overhead", 1.0)):
+            res: dict[str, float] = {}
+            seen: dict[str, Any] = {}
+            for name, fn in (("hwprofile", hw), ("torch", ref)):
+                torch._dynamo.reset()
+                counters.clear()
+                c = torch.compile(fn, fullgraph=True, mode=mode)
+                res[name] = statistics.median(wall(lambda c=c: c(h)) for _ in range(5))
+                seen[name] = {k: dict(v) for k, v in counters.items() if v}
+            ratio = res["torch"] / res["hwprofile"]
+            ok = ratio >= target
+            fails += not ok
+            rows.append({"m": m, "mode": mode, **{f"{k}_us": v for k, v in res.items()}, "ratio": ratio, "pass": ok, "counters": seen})
+            print(f"dsv3 moe_gate M={m:<3d} compile {mode:16s} hwprofile {res['hwprofile']:8.2f} us  torch {res['torch']:8.2f} us  "
+                  f"x{ratio:4.2f} {'PASS' if ok else 'FAIL'} ({target}x)", flush=True)
+            for name, cs in seen.items():
+                print(f"    {name} counters: {json.dumps(cs, default=str)[:600]}", flush=True)
+    (OUT / "gate_compiled.json").write_text(json.dumps({"device": torch.cuda.get_device_name(dev), "rows": rows}, indent=1, default=str))
+    return 1 if fails else 0
+
+
 def token_counts(text: str) -> list[int]:
     try:
         ms = [int(v) for v in text.split(",")]
@@ -164,7 +210,7 @@ def token_counts(text: str) -> list[int]:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("floor", "profile", "ncu"))
+    ap.add_argument("mode", choices=("floor", "profile", "ncu", "compiled"))
     ap.add_argument("--m", type=token_counts, default=None, help="token counts (floor: 1..16; profile, ncu: 1,8,16)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -173,5 +219,6 @@ if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HWPROFILE_STRICT", "1")  # a kernel fault is an error here, never a torch path timed as the kernel
     hwprofile.reset()
-    mode = {"floor": floor, "profile": profile, "ncu": ncu}[a.mode]
-    sys.exit(mode(a.m or (list(range(1, 17)) if a.mode == "floor" else [1, 8, 16])))
+    mode = {"floor": floor, "profile": profile, "ncu": ncu, "compiled": compiled}[a.mode]
+    default = {"floor": list(range(1, 17)), "compiled": [1]}.get(a.mode, [1, 8, 16])
+    sys.exit(mode(a.m or default))

@@ -34,7 +34,8 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
              (DeepSeek-V3, Kimi-K2, 64/128/160/512 experts), ids against the torch selection (moe_gate.log/json)
   gateprof   gate_floor_h200.py: the fused gate against its own GEMM (floor: gate <= GEMM + 2 us at M <= 8, <= 5 us for
              DeepSeek-V3 / Kimi-K2; exits 1 on a miss), torch.profiler of graph replays (gate_profile.txt, traces),
-             and Nsight Compute of one launch each (gate_ncu.csv, gate_ncu_raw.csv; skipped without ncu)
+             the compiled gate against compiled torch with dynamo/inductor counters and cudagraph logs
+             (gate_compiled.log/json), Nsight Compute of one launch each (gate_ncu.csv, gate_ncu_raw.csv; skipped without ncu)
   fp8        fp8_fallback_h200.py: the FP8 fallback candidates and the shipped one against the kernel and bf16
              (fp8_fallback.log/json)
   serving    serving_h200.py: first profile() + first call cold / warm cache / prebuilt layer (dir and wheel), capture
@@ -228,6 +229,8 @@ suite_gate() {
 suite_gateprof() {
   step gate_floor.log env OUT="$D" python3 benchmarks/gate_floor_h200.py floor ${GATE_M:+--m "$GATE_M"}
   step gate_profile.log env OUT="$D" python3 benchmarks/gate_floor_h200.py profile
+  step gate_compiled.log env OUT="$D" python3 benchmarks/gate_floor_h200.py compiled
+  grep -E "PASS|FAIL" "$D/gate_compiled.log"
   grep -E "PASS|FAIL" "$D/gate_floor.log" | tail -20
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
