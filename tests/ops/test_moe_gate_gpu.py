@@ -255,3 +255,14 @@ def test_exact_ties_everywhere_go_to_the_lower_index(n: int) -> None:
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights, want_w, rtol=1e-6, atol=0)
     assert ids[0, :4].tolist() == [n - 1, n // 2, n // 2 + 1, 3]
+
+
+@pytest.mark.parametrize("m", [17, 32, 100])
+@pytest.mark.parametrize(("n", "n_group", "topk_group", "top_k", "scale"), [DSV3, KIMI], ids=["dsv3", "kimi-k2"])
+def test_above_the_kernels_m_the_torch_path_is_right(m: int, n: int, n_group: int, topk_group: int, top_k: int, scale: float) -> None:
+    """M > 16: the op takes its torch path (decide says so) and picks what float64 picks on the same fp32 logits."""
+    d = ops.decide_moe_gate(hwprofile.profile(0), m=m, n=n, k=7168, n_group=n_group, topk_group=topk_group, top_k=top_k)
+    assert d.path == "fallback", d.reason
+    h, w, b = inputs(m, n, seed=13 * m + n)
+    ids, weights = ops.moe_gate(h, w, b, top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale)
+    check(ids, weights, torch.mm(h, w.t(), out_dtype=torch.float32), b, n_group, topk_group, top_k, True, scale)
