@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(promises tests gputests firstrun ops eager floor engine gate fp8 fp8m serving sweeps catalog heldout variants counters clocks import agreement fleet)
+SUITES=(promises tests gputests firstrun ops eager floor engine gate gateprof fp8 fp8m serving sweeps catalog heldout variants counters clocks import agreement fleet)
 
 usage() {
   cat <<'EOF'
@@ -36,6 +36,10 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
              their targets, eager fallback overhead (engine.log/json)
   gate       bench_moe_gate.py: ops.moe_gate against torch's step at M = 1..16 for every router of the op table's gate
              (DeepSeek-V3, Kimi-K2, 64/128/160/512 experts), ids against the torch selection (moe_gate.log/json)
+  gateprof   gate_floor_h200.py: the fused gate against its own GEMM (floor: gate <= GEMM + 2 us at M <= 8, <= 5 us for
+             DeepSeek-V3 / Kimi-K2; exits 1 on a miss), torch.profiler of graph replays (gate_profile.txt, traces),
+             the compiled gate against compiled torch with dynamo/inductor counters and cudagraph logs
+             (gate_compiled.log/json), Nsight Compute of one launch each (gate_ncu.csv, gate_ncu_raw.csv; skipped without ncu)
   fp8        fp8_fallback_h200.py: the FP8 fallback candidates and the shipped one against the kernel and bf16
              (fp8_fallback.log/json)
   fp8m       fp8m_h200.py: the FP8 op against the bf16 op at M = 1..16, 32, 64 over the catalog shapes with N x K >= 16M,
@@ -231,6 +235,29 @@ suite_engine() {
 suite_gate() {
   step moe_gate.log env OUT="$D" python3 benchmarks/bench_moe_gate.py ${GATE_M:+--m "$GATE_M"}
   grep -E "PASS|FAIL" "$D/moe_gate.log" | tail -20
+}
+
+suite_gateprof() {
+  step gate_floor.log env OUT="$D" python3 benchmarks/gate_floor_h200.py floor ${GATE_M:+--m "$GATE_M"}
+  step gate_profile.log env OUT="$D" python3 benchmarks/gate_floor_h200.py profile
+  step gate_compiled.log env OUT="$D" python3 benchmarks/gate_floor_h200.py compiled
+  grep -E "PASS|FAIL" "$D/gate_compiled.log"
+  grep -E "PASS|FAIL" "$D/gate_floor.log" | tail -20
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -z "$ncu" ]; then
+    echo "  no ncu on this host: no counters" | tee "$D/gate_ncu.log"
+    return 0
+  fi
+  local common=(--profile-from-start off --clock-control none --cache-control all --csv)
+  step gate_ncu.log env OUT="$D" timeout 300 "$ncu" "${common[@]}" --page details --log-file "$D/gate_ncu.csv" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats python3 benchmarks/gate_floor_h200.py ncu
+  step gate_ncu_raw.log env OUT="$D" timeout 300 "$ncu" "${common[@]}" --page raw --log-file "$D/gate_ncu_raw.csv" \
+    --section WarpStateStats --section SpeedOfLight --section InstructionStats --section LaunchStats \
+    --metrics gpu__time_duration.sum \
+    python3 benchmarks/gate_floor_h200.py ncu
+  grep -E "gpu__time_duration|Duration" "$D/gate_ncu.csv" | head -12
 }
 
 suite_fp8() {

@@ -23,8 +23,9 @@ fallback if that ran in this thread before (``_kernel.fallback_ready``), else
 :class:`~hwprofile.ops.NotWarmedError` names the op and the shape; ``hwprofile.ops.warmup`` loads the
 kernel, allocates the workspace and runs the fallback once.
 
-The counter workspace: the kernel's last CTA is found with a device-wide counter that is zero
-between launches. Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
+The counter workspace: the kernel's last CTA is found with a device-wide ticket word that is zero
+between launches (the last CTA's own ``atom.inc`` wraps it to zero: nothing resets it, on the host or
+the device). Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
 freed (a captured graph keeps its address); an eager launch uses its stream's slot, a launch being
 captured a slot of its own, so two launches that may run at once never share a counter.
 """
@@ -64,7 +65,7 @@ log = get_logger(__name__)
 failed: dict[int, str] = {}
 _lock = threading.Lock()
 _routes: dict[int, tuple[Any, Any]] = {}  # device index -> (its dispatch table, the gate's _Route on it)
-_memo: dict[tuple[int, int, int, int, int, int, int], tuple[Any, str | None, Any]] = {}  # see _remember
+_memo: dict[tuple[int, int, int, int, int, int, int], tuple[Any, Any, str | None, Any]] = {}  # see _remember
 _loaded: dict[tuple[int, str], Any] = {}  # (device index, name expression) -> LoadedKernel
 _workspace: dict[int, Any] = {}  # device index -> int32 [COUNTER_SLOTS] zeros: never freed (graphs keep its address)
 _stream_slot: dict[tuple[int, int], int] = {}  # (device, raw stream) -> its eager slot
@@ -176,11 +177,12 @@ def decide(prof: Profile, *, m: int, n: int, k: int, n_group: int = 1, topk_grou
 _dispatch.decide_gate = decide  # ops.decide("moe_gate", ...): _dispatch reaches the gate kind through this, never by import
 
 
-def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, str | None, Any]:
+def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, Any, str | None, Any]:
+    """(table, the gate's route on it, gate, launch plan) of one call shape, remembered: a repeated shape looks up nothing else."""
     t = _dispatch.table(idx)
     _, m, n, k, n_group, topk_group, top_k = key
     gate, launch, _ = route_gate(t, m, n, k, n_group, topk_group, top_k)
-    hit = (t, gate, launch)
+    hit = (t, _route_of(t), gate, launch)
     with _lock:
         if len(_memo) >= 4096:
             _memo.clear()
@@ -191,11 +193,15 @@ def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[
 # --- the torch path --------------------------------------------------------------------------------
 
 _torch: Any = None
+_Tensor: Any = None  # torch.Tensor, torch.bfloat16, torch.float32 once bound: check() compares by identity
+_BF16: Any = None
+_F32: Any = None
+_SCORINGS: Final = MOE_GATE.scorings
 
 
 def bind(torch: Any) -> None:
-    global _torch
-    _torch = torch
+    global _torch, _Tensor, _BF16, _F32
+    _torch, _Tensor, _BF16, _F32 = torch, torch.Tensor, torch.bfloat16, torch.float32
 
 
 def select_torch(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float,
@@ -221,8 +227,9 @@ def select_torch(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: i
         grouped = choice.view(m, n_group, per)
         group_scores = grouped.amax(dim=-1) if scoring == "softmax" else grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
-        mask = torch.zeros((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, True)
-        choice = choice.masked_fill(~mask.unsqueeze(-1).expand(m, n_group, per).reshape(m, n), float("-inf"))
+        # the dropped groups' experts to -inf through a broadcast mask: no negation, no [M, N] mask copy (two launches fewer)
+        drop = torch.ones((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, False)
+        choice = grouped.masked_fill(drop.unsqueeze(-1), float("-inf")).view(m, n)
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
     weights = scores.gather(1, ids)
     if renormalize:
@@ -248,25 +255,33 @@ def fallback(x: Any, w: Any, bias: Any, n_group: int, topk_group: int, top_k: in
 
 
 def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_group: Any, scoring: Any) -> tuple[int, int]:
-    """moe_gate's arguments against its contract; returns (N, K). Errors name the argument."""
-    torch = _torch
+    """moe_gate's arguments against its contract; returns (N, K). Errors name the argument.
+
+    Every eager call pays for it (issue 43: the op's +28.7 us over its fallback at M = 32), so each rule reads an
+    attribute once and compares dtypes by identity; devices are compared as the cheap ``get_device()`` index and,
+    off CUDA, as ``device`` objects (cpu against meta).
+    """
+    tensor, bf16 = _Tensor, _BF16
     for name, t in (("hidden", hidden), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, tensor):
             raise TypeError(f"moe_gate: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.bfloat16:
+        if t.dtype is not bf16:
             raise ValueError(f"moe_gate: {name} must be torch.bfloat16, got {t.dtype}")
-    if weight.dim() != 2:
-        raise ValueError(f"moe_gate: weight must have 2 dimensions [N, K], got shape {tuple(weight.shape)}")
-    n, k = weight.shape
-    if hidden.dim() < 1 or hidden.shape[-1] != k:
-        raise ValueError(f"moe_gate: hidden must be [..., K] with K={k} (from weight {tuple(weight.shape)}), got {tuple(hidden.shape)}")
-    if hidden.device != weight.device:
+    wshape, hshape = weight.shape, hidden.shape
+    if len(wshape) != 2:
+        raise ValueError(f"moe_gate: weight must have 2 dimensions [N, K], got shape {tuple(wshape)}")
+    n, k = wshape
+    if not hshape or hshape[-1] != k:
+        raise ValueError(f"moe_gate: hidden must be [..., K] with K={k} (from weight {tuple(wshape)}), got {tuple(hshape)}")
+    dev = weight.get_device()
+    if hidden.get_device() != dev or (dev < 0 and hidden.device != weight.device):
         raise ValueError(f"moe_gate: weight is on {weight.device} but hidden is on {hidden.device}; put them on one device")
-    for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
-    if scoring not in MOE_GATE.scorings:
-        raise ValueError(f"moe_gate: scoring must be one of {', '.join(map(repr, MOE_GATE.scorings))}, got {scoring!r}")
+    if not (type(top_k) is int and type(n_group) is int and type(topk_group) is int and top_k >= 1 and n_group >= 1 and topk_group >= 1):
+        for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
+    if scoring not in _SCORINGS:
+        raise ValueError(f"moe_gate: scoring must be one of {', '.join(map(repr, _SCORINGS))}, got {scoring!r}")
     if n % n_group:
         raise ValueError(f"moe_gate: N={n} experts (weight rows) do not split into n_group={n_group} equal groups")
     per = n // n_group
@@ -279,12 +294,12 @@ def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_gr
     if top_k > topk_group * per:
         raise ValueError(f"moe_gate: top_k={top_k} > the {topk_group * per} experts of topk_group={topk_group} groups of {per}")
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (n,):
-            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+        if not isinstance(bias, tensor) or bias.dtype is not _F32 or bias.shape != (n,):
+            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, tensor) else type(bias).__name__
             raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
-        if bias.device != weight.device:
+        if bias.get_device() != dev or (dev < 0 and bias.device != weight.device):
             raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
-        if bias.requires_grad and torch.is_grad_enabled():
+        if bias.requires_grad and _dispatch._grad_enabled():
             raise ValueError(
                 "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
             )
@@ -319,7 +334,7 @@ def call(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, topk_gro
     if _dispatch._compiling():
         ids, wts = _compiled(hidden, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
     else:
-        x = hidden if hidden.dim() == 2 else hidden.reshape(-1, k)
+        x = hidden if len(lead) == 1 else hidden.reshape(-1, k)
         ids, wts = eager(x, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
     if len(lead) != 1:
         ids, wts = ids.reshape(*lead, top_k), wts.reshape(*lead, top_k)
@@ -341,8 +356,7 @@ def eager(x: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_group: int, t
     if idx >= 0:
         key = (idx, m, n, k, n_group, topk_group, top_k)
         hit = _memo.get(key)
-        t, gate, launch_plan = hit if hit is not None else _remember(idx, key)
-        r = _route_of(t)
+        t, r, gate, launch_plan = hit if hit is not None else _remember(idx, key)
         if gate is None and not _misplaced(x, w, bias):
             got = launch(t, launch_plan, x, w, bias, m, n, k, n_group, topk_group, top_k, renormalize, scaling, scoring)
             if got is not None:
@@ -389,7 +403,7 @@ def _compiled(hidden: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_grou
     selection); a dynamic shape the custom op, which routes at run time; a call that needs gradients
     router_gemm's custom op (its backward) and the torch selection.
     """
-    x = hidden.reshape(-1, k)
+    x = hidden if hidden.dim() == 2 else hidden.reshape(-1, k)  # a 2-D hidden state: no aten.view around the custom op
     if (hidden.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
         from ._dispatch import ENTRIES
 
@@ -418,7 +432,7 @@ def define(torch: Any, lib: Any) -> None:
     def impl(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
              scoring: str) -> tuple[Any, Any]:
         n, k = check(x, w, bias, top_k, n_group, topk_group, scoring)
-        return eager(x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
+        return eager(x if x.dim() == 2 else x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
 
     def fake(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
              scoring: str) -> tuple[Any, Any]:
