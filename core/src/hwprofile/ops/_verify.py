@@ -247,44 +247,46 @@ def inputs(op: str, shape: Shape, scale: int, device: Any, seed: int = 0) -> lis
 
     d = OPS[op]
     m, n, k = shape
-    gen = torch.Generator(device="cpu").manual_seed(1234 + seed + 7 * m + 13 * n + k)
+    # generated on the device (a CPU generator and a copy cost tens of ms at lm-head sizes)
+    gen = torch.Generator(device=device).manual_seed(1234 + seed + 7 * m + 13 * n + k)
+    dev = {"device": device, "generator": gen}
 
     def on(t: Any) -> Any:
-        return t.to(device)
+        return t
 
     def powers(rows: int, cols: int, lo: int, hi: int) -> Any:
-        return torch.pow(2.0, torch.randint(lo, hi + 1, (rows, cols), generator=gen).float())
+        return torch.pow(2.0, torch.randint(lo, hi + 1, (rows, cols), **dev).float())
 
     xdt, wdt = getattr(torch, d.x_dtype), getattr(torch, d.w_dtype)
     fp8 = d.w_dtype.startswith("float8")
     sets: list[tuple[str, Any, Any, Any]] = []
     # 1. normal values, rows of very different magnitude
-    x = torch.randn(m, k, generator=gen) * powers(m, 1, -6, 6)
-    w = torch.randn(n, k, generator=gen) * (32.0 if fp8 else 1.0)
-    sets.append(("random", x, w, _scale(scale, n, gen, -1, 1)))
+    x = torch.randn(m, k, **dev) * powers(m, 1, -6, 6)
+    w = torch.randn(n, k, **dev) * (32.0 if fp8 else 1.0)
+    sets.append(("random", x, w, _scale(scale, n, dev, -1, 1)))
     # 2. extremes: per-element magnitudes over 2^±8, a constant last row, the weight dtype's largest and smallest values
-    x = torch.randn(m, k, generator=gen) * powers(m, k, -8, 8)
+    x = torch.randn(m, k, **dev) * powers(m, k, -8, 8)
     if m > 1:
         x[-1] = 1.0
     if fp8:
-        pick = torch.tensor([448.0, -448.0, 2.0 ** -9, -(2.0 ** -9), 240.0, 0.0, 1.0, -1.0])
-        w = pick[torch.randint(0, len(pick), (n, k), generator=gen)] * (torch.rand(n, k, generator=gen) < 0.5)
-        w = w + torch.randn(n, k, generator=gen).clamp(-8, 8) * (w == 0)
+        pick = torch.tensor([448.0, -448.0, 2.0 ** -9, -(2.0 ** -9), 240.0, 0.0, 1.0, -1.0], device=device)
+        w = pick[torch.randint(0, len(pick), (n, k), **dev)] * (torch.rand(n, k, **dev) < 0.5)
+        w = w + torch.randn(n, k, **dev).clamp(-8, 8) * (w == 0)
     else:
-        w = torch.randn(n, k, generator=gen) * powers(n, k, -8, 8)
-    sets.append(("extremes", x, w, _scale(scale, n, gen, -6, 6)))
+        w = torch.randn(n, k, **dev) * powers(n, k, -8, 8)
+    sets.append(("extremes", x, w, _scale(scale, n, dev, -6, 6)))
     # 3. zero activations: the output is exactly zero (an accumulator never cleared, a stale partial sum shows)
-    sets.append(("zeros", torch.zeros(m, k), torch.randn(n, k, generator=gen), _scale(scale, n, gen, 0, 0)))
+    sets.append(("zeros", torch.zeros(m, k, device=device), torch.randn(n, k, **dev), _scale(scale, n, dev, 0, 0)))
     return [(name, on(x.to(xdt)), on(w.to(wdt)), None if s is None else on(s)) for name, x, w, s in sets]
 
 
-def _scale(scale: int, n: int, gen: Any, lo: int, hi: int) -> Any:
+def _scale(scale: int, n: int, dev: dict[str, Any], lo: int, hi: int) -> Any:
     import torch
 
     if scale == TENSOR_SCALE:
-        return torch.pow(2.0, torch.randint(lo, hi + 1, (1,), generator=gen).float()) * 0.75
+        return torch.pow(2.0, torch.randint(lo, hi + 1, (1,), **dev).float()) * 0.75
     if scale == ROW_SCALE:
-        return torch.pow(2.0, torch.randint(lo, hi + 1, (n,), generator=gen).float()) * (0.5 + torch.rand(n, generator=gen))
+        return torch.pow(2.0, torch.randint(lo, hi + 1, (n,), **dev).float()) * (0.5 + torch.rand(n, **dev))
     return None
 
 
