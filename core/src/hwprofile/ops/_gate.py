@@ -37,6 +37,7 @@ import math
 import numbers
 import threading
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import _state
@@ -67,6 +68,9 @@ _lock = threading.Lock()
 _routes: dict[int, tuple[Any, Any]] = {}  # device index -> (its dispatch table, the gate's _Route on it)
 _memo: dict[tuple[int, int, int, int, int, int, int], tuple[Any, Any, str | None, Any]] = {}  # see _remember
 _loaded: dict[tuple[int, str], Any] = {}  # (device index, name expression) -> LoadedKernel
+#: (id of a launch plan, flags, has bias) -> that plan, once its instance has a passing verdict here (ops._verify): one dict
+#: lookup per launch; the plan object is held so its id cannot be reused by another
+_verified: dict[tuple[int, int, bool], Any] = {}
 _workspace: dict[int, Any] = {}  # device index -> int32 [COUNTER_SLOTS] zeros: never freed (graphs keep its address)
 _stream_slot: dict[tuple[int, int], int] = {}  # (device, raw stream) -> its eager slot
 _captured_next: dict[int, int] = {}  # device -> next slot for a launch being captured
@@ -82,6 +86,7 @@ def _new_table(t: _dispatch._Table) -> None:
             del _memo[key]
         for loaded in [key for key in _loaded if key[0] == t.index]:
             del _loaded[loaded]
+        _verified.clear()
 
 
 _dispatch.on_new_table.append(_new_table)
@@ -94,6 +99,7 @@ def _forget() -> None:
         _routes.clear()
         _memo.clear()
         _loaded.clear()  # the workspace stays: a captured graph may still point at it
+        _verified.clear()
 
 
 # --- routing ---------------------------------------------------------------------------------------
@@ -543,10 +549,16 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         if kern is None or counter is None:
             _not_ready(t, m, n, k, "its kernel is not loaded" if kern is None else "its counter workspace is not allocated")
             return None
+        flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
+        vkey = (id(plan), flags, bias is not None)
+        if _verified.get(vkey) is not plan:  # verification on first use (ops._verify): once per instance and selection
+            if not _verified_here(t, plan, kern, counter, stream, (m, n, k, n_group, topk_group, top_k, flags, float(scaling)), bias,
+                                  capturing):
+                return None
+            _verified[vkey] = plan
         ids = x.new_empty((m, top_k), dtype=_torch.int64)
         weights = x.new_empty((m, top_k), dtype=_torch.float32)
         logits = x.new_empty((m, n), dtype=_torch.float32)
-        flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
         kern.launch(plan, stream, (
             ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), counter, x.data_ptr(), w.data_ptr(),
             0 if bias is None else bias.data_ptr(), m, n, k, n_group, topk_group, top_k, flags, float(scaling),
@@ -564,6 +576,96 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         _fail(t, str(err))
         return None
     return ids, weights
+
+
+def _selection_code(n_group: int, topk_group: int, top_k: int, flags: int) -> int:
+    """The selection an instance was verified with, as the verdict's ``scale`` field (flags, top_k, groups)."""
+    return flags | (top_k << 8) | (topk_group << 16) | (n_group << 24)
+
+
+def _verified_here(t: _dispatch._Table, plan: Launch, kern: Any, counter: int, stream: int, args: tuple[Any, ...], bias: Any,
+                   capturing: bool) -> bool:
+    """Verification on first use of one fused-gate instance (:mod:`hwprofile.ops._verify`): True if it may serve calls.
+
+    A verdict of this device whose stamp matches is reused; inside a capture none is :class:`NotVerifiedError`;
+    else the instance runs on seeded inputs (and on inputs with exactly tied experts) and is compared with float64
+    logits and the torch selection of its own logits (:func:`check_instance`). A failure disables the kernel here
+    (one warning; strict mode raises)."""
+    from ..errors import NotVerifiedError
+    from . import _verify
+
+    if not _verify.enabled(t.prof):
+        return True
+    m, n, k, n_group, topk_group, top_k, flags, scaling = args
+    code = _selection_code(n_group, topk_group, top_k, flags)
+    v = _verify.lookup(t.prof, OP, plan, (m, n, k), code)
+    if v is None:
+        if capturing:
+            raise NotVerifiedError(
+                f"moe_gate (M={m}, N={n}, K={k}, n_group={n_group}, topk_group={topk_group}, top_k={top_k}) was first called inside "
+                f"a CUDA-graph capture on cuda:{t.index}, and its kernel instance {plan.name_expression} has no verdict on this device: "
+                f"call hwprofile.ops.warmup(device={t.index}, shapes={{'moe_gate': [({m}, {n}, {k})]}}) (or the op once) before capturing"
+            )
+
+        def run(ids: Any, weights: Any, logits: Any, x: Any, w: Any, b: Any) -> None:
+            kern.launch(plan, stream, (ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), counter, x.data_ptr(), w.data_ptr(),
+                                       0 if b is None else b.data_ptr(), m, n, k, n_group, topk_group, top_k, flags, scaling))
+
+        res = check_instance(run, x_device=t.index, m=m, n=n, k=k, n_group=n_group, topk_group=topk_group, top_k=top_k, flags=flags,
+                             scaling=scaling, with_bias=bias is not None)
+        v = _verify.verdict(t, OP, plan, (m, n, k), code, res)
+        _verify.record(t.prof, v)
+    if v.ok:
+        return True
+    why = f"its instance {v.instance} at M, N, K = {v.shape} failed verification against float64 ({v.where}, {v.date}): {v.error}"
+    if t.strict:
+        raise KernelError(f"moe_gate on cuda:{t.index} ({t.prof.device.name}): {why}")
+    _fail(t, why)
+    return False
+
+
+def check_instance(run: Callable[..., None], *, x_device: int, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int,
+                   flags: int, scaling: float, with_bias: bool) -> Any:
+    """Run a fused-gate instance (``run(ids, weights, logits, x, w, bias)``) on two seeded input sets, the second with
+    exactly tied experts (duplicated weight rows), and compare: logits with float64 (row error 1e-4), ids equal to the torch
+    selection of the kernel's own logits (ties to the lower index), weights with that selection's (1e-5)."""
+    from . import _verify
+
+    torch = _torch
+    dev = torch.device("cpu") if x_device < 0 else torch.device("cuda", x_device)
+    gen = torch.Generator(device=dev).manual_seed(4321 + 7 * m + 13 * n + k)
+    scoring = "softmax" if flags & SOFTMAX else "sigmoid"
+    worst = 0.0
+    for name in ("random", "ties"):
+        x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = torch.randn(n, k, device=dev, generator=gen).to(torch.bfloat16)
+        if name == "ties":
+            w[1::2] = w[0::2][: n // 2]  # experts 2i and 2i+1 score exactly alike: the lower index must win
+        b = (torch.randn(n, device=dev, generator=gen) * 0.1) if with_bias else None
+        if b is not None and name == "ties":
+            b[1::2] = b[0::2][: n // 2]
+        ids = torch.full((m, top_k), -1, dtype=torch.int64, device=dev)
+        weights = torch.full((m, top_k), float("nan"), dtype=torch.float32, device=dev)
+        logits = torch.full((m, n), float("nan"), dtype=torch.float32, device=dev)
+        run(ids, weights, logits, x, w, b)
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+        ref = x.double() @ w.double().t()
+        if not bool(torch.isfinite(logits).all()):
+            return _verify.Outcome(False, None, f"{name} inputs: the logits have NaN or Inf (an element never written)")
+        err = float(((logits.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-300)).max())
+        if err > 1e-4:
+            return _verify.Outcome(False, err, f"{name} inputs: logits relative error {err:.3g} above 0.0001 against float64")
+        rid, rw = select_torch(logits, b, n_group, topk_group, top_k, bool(flags & RENORM), scaling, scoring)
+        if not torch.equal(ids, rid):
+            row = int((ids != rid).any(dim=1).nonzero()[0, 0])
+            return _verify.Outcome(False, err, f"{name} inputs: ids of token {row} {ids[row].tolist()} differ from the torch selection "
+                                               f"{rid[row].tolist()} on the kernel's own logits")
+        werr = float((weights.double() - rw.double()).norm() / rw.double().norm().clamp_min(1e-300))
+        if not werr <= 1e-5:
+            return _verify.Outcome(False, werr, f"{name} inputs: weights relative error {werr:.3g} above 1e-05")
+        worst = max(worst, err, werr)
+    return _verify.Outcome(True, worst)
 
 
 def run_kernel(x: Any, w: Any, bias: Any, *, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,

@@ -149,7 +149,7 @@ def _from_store(st: dict[str, Any]) -> _verdicts.Verdict | None:
     return v
 
 
-def _record(prof: Profile, v: _verdicts.Verdict) -> None:
+def record(prof: Profile, v: _verdicts.Verdict) -> None:
     """Keep ``v`` in memory, the device's verdict file (best effort: a warning) and the fleet store (best effort)."""
     from .. import _remote
 
@@ -190,7 +190,7 @@ def ensure(t: _Table, op: str, plan: Launch, shape: Shape, scale: int, launch_on
                 f"shapes={{{op!r}: [({m}, {n}, {k})]}}) (or call the op once at that shape) before capturing"
             )
         v = _run(t, op, plan, shape, scale, launch_on)
-        _record(prof, v)
+        record(prof, v)
     if v.ok:
         return True
     _disable(t, op, v)
@@ -220,6 +220,11 @@ def _run(t: _Table, op: str, plan: Launch, shape: Shape, scale: int, launch_on: 
     ms = (time.perf_counter() - t0) * 1e3
     log.info("hwprofile: verified %s %s at M=%d, N=%d, K=%d on cuda:%d in %.1f ms: %s", op, plan.name_expression, *shape, t.index, ms,
              "passed" if res.ok else res.error)
+    return verdict(t, op, plan, shape, scale, res)
+
+
+def verdict(t: _Table, op: str, plan: Launch, shape: Shape, scale: int, res: Outcome) -> _verdicts.Verdict:
+    """The stamped verdict of a check this process ran (``scale``: the op's scale mode, or the gate's selection code)."""
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     st = _verdicts.stamp(t.prof, op, plan, shape, scale)
     return _verdicts.Verdict(op, plan.name_expression, st, res.ok, res.rel_error, res.error, shape, date, fresh=True,
