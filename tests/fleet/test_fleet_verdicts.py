@@ -43,7 +43,40 @@ def test_one_host_verifies_the_fleet_reuses(seam: Seam, store: Server, monkeypat
     store.client.set(keys[0], b"not a verdict")
     _host(seam, monkeypatch, tmp_path / "host-c")
     ops.gemv(x, w)
-    assert len(k.launches) == 9 and _remote.counters()["verdict"]["rejected"] == 1
+    assert len(k.launches) == 9 and _remote.counters()["verdict"]["rejected"] == 2  # read, then again under the lock
     data = store.client.get(keys[0])
     v = _verdicts.from_dict(json.loads(data)["verdict"])
     assert v is not None and v.ok and v.op == "gemv"
+
+
+def test_a_host_waits_for_the_one_verifying_and_reads_its_verdict(
+    seam: Seam, store: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path  # noqa: F811
+) -> None:
+    """Cold hosts at once: the one holding the instance's verify lock checks it; another waits on the lock, then reads the
+    verdict it published instead of checking again (the compile and tune locks' semantics)."""
+    import threading
+    import time
+
+    k = seam.kernel("gemv")
+    x, w = torch.randn(1, 1024).to(torch.bfloat16), torch.randn(256, 1024).to(torch.bfloat16)
+    _host(seam, monkeypatch, tmp_path / "host-a")
+    ops.gemv(x, w)  # host a verifies and publishes: the verdict value another host would publish
+    (key,) = [key.decode() for key in store.client.keys(f"{_remote.NAMESPACE}:verdict:*")]
+    value = store.client.get(key)
+    store.client.delete(key)
+    lock_key = _remote.verify_lock_key(key)
+    assert store.client.set(lock_key, b"another-host", nx=True, px=10_000)  # another host is checking it now
+
+    def other_host_finishes() -> None:
+        time.sleep(0.5)
+        store.client.set(key, value)
+        store.client.delete(lock_key)
+
+    _host(seam, monkeypatch, tmp_path / "host-b")
+    before = len(k.launches)
+    threading.Thread(target=other_host_finishes).start()
+    t0 = time.perf_counter()
+    ops.gemv(x, w)
+    assert time.perf_counter() - t0 >= 0.4  # it waited on the lock
+    assert len(k.launches) == before + 1  # the call only: no check of its own
+    assert not store.client.exists(lock_key)

@@ -85,6 +85,14 @@ def compile_lock_key(key: str) -> str:
     return f"{NAMESPACE}:lock:compile:{key}"
 
 
+def verify_lock_key(digest_key: str) -> str:
+    """The fleet's lock of one kernel instance's verification (its verdict key): one host checks it, the others read the verdict."""
+    return f"{NAMESPACE}:lock:verify:{digest_key.rsplit(':', 1)[-1]}"
+
+
+#: How long a host waits for another host's check of the same kernel instance before checking it itself (seconds).
+VERIFY_WAIT_S = 60.0
+VERIFY = ("verifying the same kernel instance on another host", "its verdict")
 #: How long a host waits for another host's compile of the same cubin before compiling it itself (seconds): a live
 #: holder renews its lock, so this bounds only a compile that hangs; a dead one costs :data:`LOCK_TTL_S`.
 COMPILE_WAIT_S = 600.0

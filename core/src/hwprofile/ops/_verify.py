@@ -169,6 +169,34 @@ def record(prof: Profile, v: _verdicts.Verdict) -> None:
         store.put("verdict", _verdicts.remote_key(v.stamp, _remote.NAMESPACE), _verdicts.encode(v))
 
 
+def fleet_once(prof: Profile, st: dict[str, Any], run: Callable[[], _verdicts.Verdict]) -> _verdicts.Verdict:
+    """``run()`` the check and :func:`record` its verdict; with a fleet store, under the instance's verify lock, so a fleet of
+    cold hosts checks each instance once (the tune and compile locks' semantics: the store read again under the lock, a
+    holder alive past :data:`hwprofile._remote.VERIFY_WAIT_S` or a store that fails and this host checks on its own)."""
+    from .. import _remote
+
+    store = _remote.store()
+    lock = None
+    if store is not None:
+        lock = store.lock(_remote.verify_lock_key(_verdicts.remote_key(st, _remote.NAMESPACE)), purpose=_remote.VERIFY, quiet=True)
+        if lock.acquire(_remote.VERIFY_WAIT_S) is not True:
+            lock = None
+        else:
+            got = _from_store(st)  # checked by another host while this one waited
+            if got is not None:
+                lock.release()
+                with _lock:
+                    _book(prof).verdicts[got.key] = got
+                return got
+    try:
+        v = run()
+        record(prof, v)
+        return v
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def ensure(t: _Table, op: str, plan: Launch, shape: Shape, scale: int, launch_on: RunOnce, *, capturing: bool) -> bool:
     """True if the instance may serve routed calls on ``t``'s device; False after disabling its op there (one warning).
 
@@ -189,8 +217,7 @@ def ensure(t: _Table, op: str, plan: Launch, shape: Shape, scale: int, launch_on
                 f"it serves a call, which cannot happen inside a capture; call hwprofile.ops.warmup(device={t.index}, "
                 f"shapes={{{op!r}: [({m}, {n}, {k})]}}) (or call the op once at that shape) before capturing"
             )
-        v = _run(t, op, plan, shape, scale, launch_on)
-        record(prof, v)
+        v = fleet_once(prof, _verdicts.stamp(prof, op, plan, shape, scale), lambda: _run(t, op, plan, shape, scale, launch_on))
     if v.ok:
         return True
     _disable(t, op, v)
