@@ -40,6 +40,15 @@ MAX_REMOTE_BYTES: Final = 16 << 10
 Key = tuple[str, str, tuple[int, int, int]]  #: (op, name expression, (M, N, K))
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What checking one instance gave: passed, the largest relative error (None: nothing compared), the error in words."""
+
+    ok: bool
+    rel_error: float | None = None
+    error: str = ""
+
+
 @dataclass
 class Verdict:
     """One instance's stamped result (what the verdict file holds per instance)."""

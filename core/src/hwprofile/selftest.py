@@ -61,13 +61,7 @@ class Case:
         return (self.op, self.plan.name_expression, self.shape)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What running one case gave: passed, the relative error (None: nothing to compare), the error in words."""
-
-    ok: bool
-    rel_error: float | None = None
-    error: str = ""
+Outcome = _verdicts.Outcome
 
 
 @dataclass

@@ -58,13 +58,7 @@ Shape = tuple[int, int, int]
 RunOnce = Callable[[Any, Any, Any, Any], None]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One instance's check: passed, the largest relative row error (None: nothing compared), the error in words."""
-
-    ok: bool
-    rel_error: float | None = None
-    error: str = ""
+Outcome = _verdicts.Outcome
 
 
 @dataclass
