@@ -82,7 +82,8 @@ def test_an_op_added_to_the_table_needs_no_change_to_the_plugin(monkeypatch: pyt
 
     def toy(name: str, settings: tuple[Any, ...]) -> OpDef:
         return OpDef(name, "toy", args=("x", "w"), w_dtype="bfloat16", out_dtype="float32", fallback="f", max_m=16, min_n=1,
-                     max_n=4096, min_k=8, max_k=8192, threshold="max_tokens", grid=((1, 256, 512),), settings=settings, family=None, backward=None)
+                     max_n=4096, min_k=8, max_k=8192, threshold="max_tokens", grid=((1, 256, 512),), settings=settings,
+                     family=None, backward=None)
 
     modelled = toy("toy_op", ((costmodel.model_key("toy_op"), "str", "", "its cost model", True, None, None),))
     for d in (modelled, toy("toy_bare", ())):

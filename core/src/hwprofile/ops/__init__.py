@@ -33,7 +33,8 @@ The package, one concern a module:
 
 * ``_dispatch``: :func:`route` (the only place that decides kernel or fallback), the per-device
   tables and route memos, :func:`decide`, and the eager entry every op calls;
-* ``_fallbacks``: the fallback registry, keyed by the op table;
+* ``_fallbacks``: the fallback registry, keyed by the op table, and the gradient formulas ``OpDef.backward`` names;
+* ``_pieces``: what an op of the table lacks (the import-time check below);
 * ``_kernel``: operand checks, loading and launching a kernel (never routes);
 * ``_gate``: moe_gate: its route (:func:`decide_moe_gate`), torch path, custom op, the fused kernel's launch and faults;
 * ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``;
