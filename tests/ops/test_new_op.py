@@ -42,7 +42,8 @@ SILU_GEMV = OpDef(
     max_k=65536,
     k_multiple=8,
     threshold="box",
-    grid=((1, 2048, 4096),),
+    grid=_GEMV_GRID,
+    layer="projection",
     settings=(_measured("silu_gemv"), _model("silu_gemv")),
     family=None,
     backward="silu_gemm",
@@ -129,7 +130,7 @@ def test_the_op_is_served_by_its_own_kernel(monkeypatch: pytest.MonkeyPatch, dev
     spec = prof.kernels["silu_gemv"]
     assert spec.package == "silu_plugin", spec.describe()
     d = hwprofile.ops.decide("silu_gemv", prof, m=1, n=2048, k=4096)
-    assert d.path == "fallback" and d.gate == "model"  # no model swept yet: nothing predicts the kernel faster
+    assert d.gate in (None, "model")  # inside the kernel's limits: its cost model decides (no limit refuses it)
     pytest.importorskip("cuda.bindings.nvrtc")
     assert compile_kernel(spec, prof.target).cubin[:4] == b"\\x7fELF"
 '''
