@@ -12,15 +12,30 @@ import ctypes
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._log import get_logger
 from ..errors import HwprofileError, KernelError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..profiles import Profile
-    from ._dispatch import _Table
+
+
+class _Table(Protocol):
+    """What a launch reads and updates of one device's dispatch table (``_dispatch._Table``). A protocol, so this
+    module does not import ``_dispatch``, which imports it (no circle, type-checking imports counted)."""
+
+    prof: Profile
+    index: int
+    strict: bool
+    split_k: bool
+    launches: dict[tuple[Any, ...], Callable[..., None]]
+    errors: dict[str, str]
+
+    def fail(self, op: str, why: str = "") -> None: ...
 
 #: the kernels' C signature: (out, x, w, scale, M, N, K); every plugin kernel of every op takes it
 ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
