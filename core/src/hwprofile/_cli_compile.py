@@ -132,8 +132,6 @@ def _warm_work(reg: Any, work: list[tuple[Any, str]], args: argparse.Namespace) 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from . import kernels
-    from ._entrypoints import natural_key
-    from .device import DeviceInfo
     from .kernels.cache import LAYER_SUBDIR, open_layer_for_writing
     from .profiles import registry
 
@@ -144,27 +142,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for layer in layers:  # before any compile: a bad --output is one line, not minutes of NVRTC later
         os.close(open_layer_for_writing(layer))
     reg = registry()
-    wanted = None if args.arch in (None, "all") else {a.strip() for a in args.arch.split(",") if a.strip()}
-    if wanted is not None and not wanted:
-        raise HwprofileError(f"--arch {args.arch!r} names no target; give targets like sm_90a,sm_100a, or 'all'")
-    work = []
-    for p in sorted(reg.arch_plugins, key=lambda p: natural_key(p.name)):
-        assert p.arch is not None
-        for cc, target in p.arch.targets.items():
-            if wanted is not None and target not in wanted:
-                continue
-            dev = DeviceInfo(0, f"compile-only {target}", cc, simulated=True)
-            specs = reg._call_plugin("hwprofile_kernels", p, device=dev, target=target) or []
-            for spec in specs:
-                work.append((spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
-    if wanted:
-        known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
-        missing = wanted - known
-        if missing:
-            raise HwprofileError(
-                f"no installed plugin targets {', '.join(sorted(missing, key=natural_key))}; "
-                f"installed targets: {', '.join(sorted(known, key=natural_key))}"
-            )
+    work = _compile_work(reg, args.arch)
     if not work:
         print("nothing to compile: no architecture plugin is installed")
         return 0
@@ -184,14 +162,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
         _add_shared(r, spec, theirs, reports, kernels)
     failed = [r for r in reports if r.errors]
-    notes = []
-    for layer in layers if not failed else []:
-        written, present = kernels.fill_layer([(r.spec, r.target) for r in reports], layer)
-        notes.append(f"cache layer {layer}: {written} entries written, {present} already there")
-    if args.package is not None and not failed:
-        _write_layer_package(args.package, args.package_name, [r.target for r in reports])
-        notes.append(f"layer package {args.package}: build its wheel with 'pip wheel --no-deps {args.package}'")
-    layer_note = "\n".join(notes)
+    layer_note = "" if failed else _fill_layers(reports, layers, args)
     if args.json:
         out = [
             {"op": spec.op, "plugin": spec.plugin, "target": r.target, "instances": len(spec.instances), "compiled": r.compiled,
@@ -201,20 +172,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(out, indent=2))
     else:
-        rows = []
-        for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
-            if r.errors:
-                state = "FAILED"
-            else:
-                parts = [f"compiled {r.compiled}"] if r.compiled else []
-                parts += [f"cached {r.cached}"] if r.cached else []
-                parts += [f"{len(theirs)} shared with {', '.join(_owners(theirs, work))}"] if theirs else []
-                state = ", ".join(parts) or "none"
-            n = r.compiled + r.cached
-            rows.append([
-                spec.op, spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s" if n else "-",
-                f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes),
-            ])
+        rows = [_compile_row(r, spec, theirs, work) for r, (spec, _target), theirs in zip(reports, work, shared, strict=True)]
         print(table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
         print(COMPILE_LEGEND)
         print(f"{len(reports) - len(failed)}/{len(reports)} kernels ready in {time.perf_counter() - t0:.1f}s wall (jobs={args.jobs})")
@@ -223,6 +181,66 @@ def cmd_compile(args: argparse.Namespace) -> int:
         for r in failed:
             print(f"\n{r.spec.op} for {r.target}:\n" + "\n".join(r.errors), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _compile_work(reg: Any, arch: str | None) -> list[tuple[Any, str]]:
+    """(kernel spec, target) of every architecture plugin's kernels for the targets ``--arch`` names (None, "all": every
+    target); a target no installed plugin has is an error naming the installed ones."""
+    from ._entrypoints import natural_key
+    from .device import DeviceInfo
+
+    wanted = None if arch in (None, "all") else {a.strip() for a in arch.split(",") if a.strip()}
+    if wanted is not None and not wanted:
+        raise HwprofileError(f"--arch {arch!r} names no target; give targets like sm_90a,sm_100a, or 'all'")
+    work = []
+    for p in sorted(reg.arch_plugins, key=lambda p: natural_key(p.name)):
+        assert p.arch is not None
+        for cc, target in p.arch.targets.items():
+            if wanted is not None and target not in wanted:
+                continue
+            dev = DeviceInfo(0, f"compile-only {target}", cc, simulated=True)
+            specs = reg._call_plugin("hwprofile_kernels", p, device=dev, target=target) or []
+            for spec in specs:
+                work.append((spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
+    if wanted:
+        known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
+        missing = wanted - known
+        if missing:
+            raise HwprofileError(
+                f"no installed plugin targets {', '.join(sorted(missing, key=natural_key))}; "
+                f"installed targets: {', '.join(sorted(known, key=natural_key))}"
+            )
+    return work
+
+
+def _fill_layers(reports: list[Any], layers: list[Path], args: argparse.Namespace) -> str:
+    """Write the compiled kernels into each ``--output`` layer and the ``--package`` project; what was done, in words."""
+    from . import kernels
+
+    notes = []
+    for layer in layers:
+        written, present = kernels.fill_layer([(r.spec, r.target) for r in reports], layer)
+        notes.append(f"cache layer {layer}: {written} entries written, {present} already there")
+    if args.package is not None:
+        _write_layer_package(args.package, args.package_name, [r.target for r in reports])
+        notes.append(f"layer package {args.package}: build its wheel with 'pip wheel --no-deps {args.package}'")
+    return "\n".join(notes)
+
+
+def _compile_row(r: Any, spec: Any, theirs: dict[str, int], work: list[tuple[Any, str]]) -> list[str]:
+    """One kernel's row of ``hwprofile compile``'s table."""
+    if r.errors:
+        state = "FAILED"
+    else:
+        parts = [f"compiled {r.compiled}"] if r.compiled else []
+        parts += [f"cached {r.cached}"] if r.cached else []
+        parts += [f"{len(theirs)} shared with {', '.join(_owners(theirs, work))}"] if theirs else []
+        state = ", ".join(parts) or "none"
+    n = r.compiled + r.cached
+    return [
+        spec.op, spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s" if n else "-",
+        f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes),
+    ]
 
 
 def _layer_package_name(dist: str) -> str:

@@ -60,6 +60,17 @@ def _check_plot(plot: Path, output: Path | None) -> None:
     check_writable(plot, what="plot")
 
 
+def _check_torch_cuda() -> None:
+    """A sweep times real kernels: torch must be installed with CUDA, and see a GPU."""
+    try:
+        import torch
+    except ImportError:
+        raise HwprofileError("sweep needs torch with CUDA, which is not installed here: install a CUDA build of torch") from None
+    if not torch.cuda.is_available():
+        raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False: check that torch is a CUDA build, "
+                             "the NVIDIA driver, and CUDA_VISIBLE_DEVICES")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Everything the user gave (grid, output paths, plot) is checked before the device is touched: a
     refused path or a missing matplotlib must not end minutes of GPU work."""
@@ -90,13 +101,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _check_tuned_output(out)
     if args.report and args.regret_plot is None:  # the default regret plot beside the samples, checked before measuring
         _check_plot(out.parent / SAMPLES_DIR / f"{out.stem}-regret.png", out)
-    try:
-        import torch
-    except ImportError:
-        raise HwprofileError("sweep needs torch with CUDA, which is not installed here: install a CUDA build of torch") from None
-    if not torch.cuda.is_available():
-        raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False: check that torch is a CUDA build, "
-                             "the NVIDIA driver, and CUDA_VISIBLE_DEVICES")
+    _check_torch_cuda()
     if prof.plugin is None or args.op not in prof.kernels:
         raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
     doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70), box=box)

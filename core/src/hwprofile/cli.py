@@ -226,28 +226,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.key in TABLE:
         return _explain_decision(prof, args)
     if args.list or args.key is None:
-        if args.json:
-            print(json.dumps({k: {"value": s.value, "source": s.winner.source, "doc": s.setting.doc, "env_var": s.setting.env_var}
-                              for k, s in prof.settings.items()}, indent=2, default=str))
-            return 0
-        rows = [[k, _fmt(s.value, k), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
-        print(table(rows, ["setting", "value", "override with", "what it does"]))
-        if not args.list:
-            print("\nhwprofile explain KEY shows where a value comes from")
-        return 0
+        return _explain_list(prof, args)
     r = prof.explain(args.key)
     if args.json:
-        from . import tuning
-
-        doc = r.as_dict()
-        for layer, out in zip(r.chain, doc["chain"], strict=True):
-            if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
-                c = tuning.assess(prof, layer.stamp)
-                out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
-        doc["unmeasured"] = tuning.unmeasured(prof).get(args.key)
-        doc["selftest"] = _selftest_line(prof, args.key)
-        print(json.dumps(doc, indent=2, default=str))
-        return 0
+        return _explain_json(prof, r, args.key)
     s = r.setting
     print(f"{s.key} = {_fmt(r.value, s.key)}   (from {r.winner.source})")
     print(f"  {s.doc}")
@@ -259,23 +241,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         why = f"  ({layer.reason})" if layer.reason else ""
         print(f"   {mark} {layer.kind:<10} {_fmt(layer.value, s.key):<8} {layer.source}{why}")
         if layer.stamp is not None:
-            from . import tuning
-
-            st = layer.stamp
-            fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
-            print(
-                f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, "
-                f"kernel {st.kernel[:12]}{f', plan {st.plan[:12]}' if st.plan else ''}, against {fb}"
-            )
-            c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
-            for what in c.stale:
-                print(f"        STALE{' (ignored)' if not layer.applied else ''}: {what}")
-            for what in c.notes:
-                print(f"        note: {what}")
-            for what in c.unknown:
-                print(f"        {what}")
-            if c.stale:
-                print(f"        re-measure with: hwprofile sweep {st.op}")
+            _print_stamp(prof, layer)
     if s.key.endswith(".measured") and r.value:
         _print_measured(s.key, r.value, r.winner.source)
     if s.key.endswith(".model") and r.value:
@@ -292,6 +258,55 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if verdict is not None and op is not None:
         print(f"  self-test of the {op.name} kernel on this device: {verdict}")
     return 0
+
+
+def _explain_list(prof: Any, args: argparse.Namespace) -> int:
+    """``hwprofile explain`` / ``--list``: every setting, its value and what overrides it (``--json``: as JSON)."""
+    if args.json:
+        print(json.dumps({k: {"value": s.value, "source": s.winner.source, "doc": s.setting.doc, "env_var": s.setting.env_var}
+                          for k, s in prof.settings.items()}, indent=2, default=str))
+        return 0
+    rows = [[k, _fmt(s.value, k), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
+    print(table(rows, ["setting", "value", "override with", "what it does"]))
+    if not args.list:
+        print("\nhwprofile explain KEY shows where a value comes from")
+    return 0
+
+
+def _explain_json(prof: Any, r: Any, key: str) -> int:
+    """``hwprofile explain KEY --json``: the resolution, each stamped layer's comparison, the unmeasured and self-test notes."""
+    from . import tuning
+
+    doc = r.as_dict()
+    for layer, out in zip(r.chain, doc["chain"], strict=True):
+        if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
+            c = tuning.assess(prof, layer.stamp)
+            out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
+    doc["unmeasured"] = tuning.unmeasured(prof).get(key)
+    doc["selftest"] = _selftest_line(prof, key)
+    print(json.dumps(doc, indent=2, default=str))
+    return 0
+
+
+def _print_stamp(prof: Any, layer: Any) -> None:
+    """A stamped layer's measurement and what differs from the running system now (stale, notes, cannot tell)."""
+    from . import tuning
+
+    st = layer.stamp
+    fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
+    print(
+        f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, "
+        f"kernel {st.kernel[:12]}{f', plan {st.plan[:12]}' if st.plan else ''}, against {fb}"
+    )
+    c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
+    for what in c.stale:
+        print(f"        STALE{' (ignored)' if not layer.applied else ''}: {what}")
+    for what in c.notes:
+        print(f"        note: {what}")
+    for what in c.unknown:
+        print(f"        {what}")
+    if c.stale:
+        print(f"        re-measure with: hwprofile sweep {st.op}")
 
 
 def _selftest_line(prof: Any, key: str) -> str | None:

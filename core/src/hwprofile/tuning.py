@@ -369,6 +369,13 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
     fa, fb = stamp.fallback.get("function"), now.fallback.get("function")
     if fa and fb and fa != fb:
         stale.append(f"fallback function changed ({fa} -> {fb})")
+    _compare_libraries(stamp, now, real_gpu, stale, notes, unknown)
+    return Comparison(tuple(stale), tuple(notes), tuple(unknown))
+
+
+def _compare_libraries(stamp: Stamp, now: Stamp, real_gpu: bool, stale: list[str], notes: list[str], unknown: list[str]) -> None:
+    """:func:`compare` for the fallback's libraries (torch, cuBLAS, cuBLASLt): a major.minor change is stale on a real
+    GPU (a note on a simulated one), a version not known on either side cannot be told."""
     for lib in _LIBRARIES:
         if (
             lib == "cublaslt"
@@ -388,7 +395,6 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
         elif ma != mb:
             what = f"fallback {lib} {'.'.join(map(str, ma))} -> {'.'.join(map(str, mb))}"
             (stale if real_gpu else notes).append(what if real_gpu else f"{what} (simulated device: not compared)")
-    return Comparison(tuple(stale), tuple(notes), tuple(unknown))
 
 
 def untied(key: str, op: str, *, tuned: bool) -> str:
