@@ -125,6 +125,7 @@ def main() -> int:
     if unknown or args.rounds < 1:
         ap.error(f"unknown case(s) {unknown} (cases: {', '.join(CASES)})" if unknown else "--rounds must be at least 1")
     from hwprofile import _env
+    from hwprofile._redact import redact
     from hwprofile.errors import SettingError
 
     if args.remote is not None:
@@ -151,14 +152,14 @@ def main() -> int:
             for k in client.scan_iter("hwprofile:*"):
                 client.delete(k)
         rtt = round_trip_ms(url)
-        print(f"store {_env.redact_url(url)}: Redis {rtt['version']}, round trip median {rtt['median_ms']:.3f} ms, "
+        print(f"store {redact(url)}: Redis {rtt['version']}, round trip median {rtt['median_ms']:.3f} ms, "
               f"p90 {rtt['p90_ms']:.3f} ms")
         if args.dry_run:
             print(f"plan: {args.rounds} fresh process(es) per case: {', '.join(cases)}; first call of {WARM} "
                   f"(tests/serving/scenarios.py first_call); results to {out_dir / 'fleet.json'}")
             return 0
         out_dir.mkdir(parents=True, exist_ok=True)
-        results: dict[str, Any] = {"store": {"url": _env.redact_url(url), **rtt}, "rounds": args.rounds}
+        results: dict[str, Any] = {"store": {"url": redact(url), **rtt}, "rounds": args.rounds}
         n = args.rounds
         if "cold_compile" in cases:
             results["cold_compile"] = summary([scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"cold-{i}")) for i in range(n)])

@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-SUITES=(tests gputests firstrun ops eager floor engine gate fp8 serving sweeps catalog heldout variants counters clocks import agreement fleet)
+SUITES=(promises tests gputests firstrun ops eager floor engine gate gateprof fp8 fp8m serving sweeps catalog heldout variants counters clocks import agreement fleet)
 
 usage() {
   cat <<'EOF'
@@ -19,6 +19,10 @@ downstream plugin and pytest-hwprofile into .whl/ (plus platformdirs, tomli-w an
 the host; each run installs it into $SITE (default /tmp/site) and puts that on PYTHONPATH.
 
 suites (raw output in benchmarks/h200/<date>-<suite>/):
+  promises   run FIRST whenever a GPU is lent: promises.py, what the README promises on a GPU, each in a fresh process: fork
+             after profile() (no cuInit, no thread), 16 threads' first profile(), capture warmed and unwarmed on both paths,
+             every op on every path against float64, verification on first use (an instance made wrong on purpose is
+             disabled), a cold multi-process cache, the first profile() time (promises.log/json; under 5 minutes)
   tests      the whole test suite on the GPU (gpu_tests.log, entrypoints.txt); TESTS="paths" narrows it
   gputests   the GPU tests of the dispatch, FP8 fallback, fused gate and first-call-in-capture work: the fused gate against
              float64 and the torch selection, first calls in capture in fresh processes (both paths), the FP8 fallback's
@@ -32,8 +36,14 @@ suites (raw output in benchmarks/h200/<date>-<suite>/):
              their targets, eager fallback overhead (engine.log/json)
   gate       bench_moe_gate.py: ops.moe_gate against torch's step at M = 1..16 for every router of the op table's gate
              (DeepSeek-V3, Kimi-K2, 64/128/160/512 experts), ids against the torch selection (moe_gate.log/json)
+  gateprof   gate_floor_h200.py: the fused gate against its own GEMM (floor: gate <= GEMM + 2 us at M <= 8, <= 5 us for
+             DeepSeek-V3 / Kimi-K2; exits 1 on a miss), torch.profiler of graph replays (gate_profile.txt, traces),
+             the compiled gate against compiled torch with dynamo/inductor counters and cudagraph logs
+             (gate_compiled.log/json), Nsight Compute of one launch each (gate_ncu.csv, gate_ncu_raw.csv; skipped without ncu)
   fp8        fp8_fallback_h200.py: the FP8 fallback candidates and the shipped one against the kernel and bf16
              (fp8_fallback.log/json)
+  fp8m       fp8m_h200.py: the FP8 op against the bf16 op at M = 1..16, 32, 64 over the catalog shapes with N x K >= 16M,
+             cold L2 (4x L2 rotation), 3 passes; exits non-zero when a target of issue 41 fails (fp8m.log/json)
   serving    serving_h200.py: first profile() + first call cold / warm cache / prebuilt layer (dir and wheel), capture
              warmed and unwarmed, each in fresh processes, about 150 s: its own device call (serving.log/json)
   sweeps     hwprofile sweep of each op, stamped (OP.toml, OP.png, OP.log, samples/); OPS="..." narrows it
@@ -144,6 +154,11 @@ host_info() {
 }
 
 
+suite_promises() {
+  step promises.log env OUT="$D" python3 benchmarks/promises.py
+  tail -9 "$D/promises.log"
+}
+
 suite_tests() {
   python3 - > "$D/entrypoints.txt" 2>&1 <<'PY'
 # which plugins this process finds, the way hwprofile finds them and the way importlib.metadata does
@@ -174,9 +189,9 @@ suite_gputests() {
   if ! python3 -c "import hypothesis" 2>/dev/null; then
     for f in $(grep -rl "hypothesis" tests plugins/*/tests --include="*.py"); do ign+=("--ignore=$f"); done
   fi
-  step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
+  step gpu_tests.log python3 -m pytest -q -p no:cacheprovider -rs "${ign[@]}" tests/trust tests/ops/test_moe_gate_gpu.py tests/ops/test_moe_gate.py \
     tests/ops/test_capture_first_call_gpu.py tests/ops/test_ops_gpu.py tests/ops/test_fp8_fallback.py tests/serving/test_serving_gpu.py \
-    plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
+    tests/kernels/test_gpu_kernels.py plugins/sm90/tests/test_sm90_kernels_gpu.py plugins/sm90/tests/test_sm90_moe_gate.py
   tail -4 "$D/gpu_tests.log"
   grep -E "^(FAILED|ERROR)" "$D/gpu_tests.log"
 }
@@ -222,9 +237,37 @@ suite_gate() {
   grep -E "PASS|FAIL" "$D/moe_gate.log" | tail -20
 }
 
+suite_gateprof() {
+  step gate_floor.log env OUT="$D" python3 benchmarks/gate_floor_h200.py floor ${GATE_M:+--m "$GATE_M"}
+  step gate_profile.log env OUT="$D" python3 benchmarks/gate_floor_h200.py profile
+  step gate_compiled.log env OUT="$D" python3 benchmarks/gate_floor_h200.py compiled
+  grep -E "PASS|FAIL" "$D/gate_compiled.log"
+  grep -E "PASS|FAIL" "$D/gate_floor.log" | tail -20
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -z "$ncu" ]; then
+    echo "  no ncu on this host: no counters" | tee "$D/gate_ncu.log"
+    return 0
+  fi
+  local common=(--profile-from-start off --clock-control none --cache-control all --csv)
+  step gate_ncu.log env OUT="$D" timeout 300 "$ncu" "${common[@]}" --page details --log-file "$D/gate_ncu.csv" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats python3 benchmarks/gate_floor_h200.py ncu
+  step gate_ncu_raw.log env OUT="$D" timeout 300 "$ncu" "${common[@]}" --page raw --log-file "$D/gate_ncu_raw.csv" \
+    --section WarpStateStats --section SpeedOfLight --section InstructionStats --section LaunchStats \
+    --metrics gpu__time_duration.sum \
+    python3 benchmarks/gate_floor_h200.py ncu
+  grep -E "gpu__time_duration|Duration" "$D/gate_ncu.csv" | head -12
+}
+
 suite_fp8() {
   step fp8_fallback.log env OUT="$D" python3 benchmarks/fp8_fallback_h200.py
   tail -8 "$D/fp8_fallback.log"
+}
+
+suite_fp8m() {
+  step fp8m.log env OUT="$D" python3 benchmarks/fp8m_h200.py ${FP8M_ARGS:-}
+  tail -4 "$D/fp8m.log"
 }
 
 suite_serving() {

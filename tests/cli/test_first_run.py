@@ -144,7 +144,7 @@ def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], m
     def no_nvrtc() -> tuple[int, int]:
         calls.append(1)
         raise ToolchainError(
-            "cuda-python's NVRTC bindings are not importable (No module named 'cuda'); install them with pip install 'hwprofile[cu13]'"
+            "cuda-python's NVRTC bindings are not importable (No module named 'cuda'); install them with pip install './core[cu13]'"
         )
 
     monkeypatch.setattr(toolchain, "nvrtc_version", no_nvrtc)  # jit.check_toolchain is toolchain's
@@ -152,7 +152,7 @@ def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], m
     code, out, err = run(capsys, "compile", "--arch", "all")
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hwprofile: error: cannot compile: ") and "hwprofile[cu13]" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("hwprofile: error: cannot compile: ") and "[cu13]" in lines[0]
     assert len(calls) == 1
 
 
@@ -199,7 +199,8 @@ def test_doctor_fails_on_header_mismatch_and_warns_on_torch_cuda(monkeypatch: py
     monkeypatch.setattr(jit, "cuda_headers", lambda: ("/x", "NVRTC is CUDA 12 but the CUDA headers found are not: /x (CUDA 13)"))
     checks = {c.name: c for c in doctor._checks(device.detect(), (12, 9), "13.0")}
     assert checks["headers"].status == "FAIL" and "cu12" in checks["headers"].fix
-    assert checks["torch vs nvrtc"].status == "WARN" and "hwprofile[cu13]" in checks["torch vs nvrtc"].fix
+    fix = checks["torch vs nvrtc"].fix
+    assert checks["torch vs nvrtc"].status == "WARN" and "[cu13]" in fix and "pip install 'hwprofile[" not in fix  # never by bare name
 
 
 def test_new_plugin_hint_runs_as_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +209,7 @@ def test_new_plugin_hint_runs_as_printed(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 0
     hint = out.strip().splitlines()[-1]
     assert hint == "next: pip install ./hwprofile-sm110 && python -m pytest ./hwprofile-sm110/tests && hwprofile compile --arch sm_110"
-    code, out, _ = run(capsys, "new-plugin", "sm111", "--capability", "11.1", "--dir", str(tmp_path / "abs"))
+    code, out, _ = run(capsys, "new-plugin", "sm87x", "--capability", "8.7", "--dir", str(tmp_path / "abs"))
     assert f"pip install {tmp_path / 'abs'} " in out
 
 

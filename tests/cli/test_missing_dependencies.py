@@ -35,7 +35,7 @@ def _load(name, *a, **k):
 p.load_nvidia_dynamic_lib = _load
 """
 CUDA = ("cuda", "cuda.bindings", "cuda.bindings.nvrtc", "cuda.bindings.driver")
-CUDA_INSTALL = "pip install 'hwprofile[cu13]'"
+CUDA_INSTALL = _deps.cuda_extra()  # from where hwprofile came, never by bare name
 
 
 def hw(tmp_path: Path, site: str, *args: str, device: str | None = None) -> subprocess.CompletedProcess[str]:

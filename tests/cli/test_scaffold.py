@@ -123,6 +123,8 @@ def _load_scaffold_module(tmp_path: Path, name: str, capability: str, monkeypatc
 
 
 def test_capability_already_claimed_names_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """new-plugin refuses a claimed capability (below); a package written by hand still meets the registry's error."""
+    monkeypatch.setattr(scaffold, "claimed_by", lambda cc: None)
     mod = _load_scaffold_module(tmp_path, "myhopper", "9.0", monkeypatch)
     reg = Registry({}).load_entry_points()
     reg.register(mod, "myhopper", distribution="hwprofile-myhopper", version="0.1.0")
@@ -319,3 +321,48 @@ def test_a_family_scaffold_passes_its_own_tests_installed(tmp_path: Path) -> Non
         assert re.search(r"\b4 passed, 18 skipped\b", own.stdout), own.stdout[-2000:]
     finally:
         subprocess.run([*pip, "uninstall", "-y", "-q", "hwprofile-sm110"], check=True, capture_output=True)
+
+
+# --- capabilities a plugin can be built for, and first steps that work where they are printed (issue 40) ----------
+
+
+@pytest.mark.parametrize("capability", ["0.0", "6.1", "7.0", "9.9", "10.9"])
+def test_a_capability_no_gpu_has_is_refused(capability: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if capability in ("9.9", "10.9") and not _has_nvrtc():
+        pytest.skip("which capabilities exist is NVRTC's list: no NVRTC here")
+    assert main(["new-plugin", "mygpu", "--capability", capability, "--dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"--capability {capability} is no GPU" in err and "nvidia-smi" in err and not (tmp_path / "x").exists()
+
+
+def test_a_capability_another_plugin_claims_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    owner = scaffold.claimed_by((9, 0))
+    if owner is None:
+        pytest.skip("hwprofile-sm90 is not installed here")
+    assert main(["new-plugin", "myhopper9", "--capability", "9.0", "--dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "compute capability 9.0 is already claimed by the installed plugin sm90 (" in err and "hwprofile-sm90" in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family", [False, True])
+def test_the_next_step_installs_what_the_tests_need_never_by_bare_name(family: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's venv has neither pytest nor pytest-hwprofile: the printed step installs them, pytest-hwprofile from a path."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("pytest", "pytest_hwprofile") else real(name, *a))
+    line = scaffold.hint(Path("hwprofile-sm110"), "sm_110a", family=family)
+    assert line.startswith("next: pip install 'pytest>=8'")
+    assert "python -m pytest ./hwprofile-sm110/tests" in line
+    words = line.replace("&&", " ").split()
+    assert "pytest-hwprofile" not in words and "pytest_hwprofile" not in words  # never by bare name
+    if family:
+        assert "pytest-hwprofile" in line and ("/pytest-hwprofile" in line or "git+" in line)
+
+
+def test_no_generated_file_installs_pytest_hwprofile_by_name() -> None:
+    for family in (False, True):
+        for path, text in scaffold.files("sm110", "11.0", "sm_110a", family=family).items():
+            assert "'.[test]'" not in text and "pytest-hwprofile>=" not in text, path
+            assert "pip install pytest-hwprofile" not in text.replace("never `pip install pytest-hwprofile`", ""), path

@@ -222,3 +222,17 @@ def test_gpu_sweep_measures_model_shapes_and_reports_regret(
 
     d = decide("gemv", prof, m=1, n=4096, k=14336)
     assert d.basis == "measured" and d.path == ("kernel" if table[(1, 4096, 14336)].kernel else "fallback")
+
+
+def test_a_near_tie_goes_to_the_kernel_unless_told_otherwise() -> None:
+    """Within the noise (replays and passes), the kernel by default (fewer moving parts); a clear win either way stands."""
+    near = Point(1, 128256, 4096, [243.0] * 15, [241.7] * 15, [242.0, 244.0, 243.0], [241.0, 252.0, 240.0])  # 5 % pass spread
+    assert sweep.verdict(near) == "tie"
+    assert sweep.decision_table([near], "kernel")[(1, 128256, 4096)].kernel
+    assert not sweep.decision_table([near], "fallback")[(1, 128256, 4096)].kernel  # the faster median
+    clear = Point(1, 4096, 4096, [30.0] * 15, [20.0] * 15, [30.0, 30.1], [20.0, 20.1])
+    assert not sweep.decision_table([clear], "kernel")[(1, 4096, 4096)].kernel
+
+
+def test_the_cold_l2_rotation_covers_four_times_the_l2() -> None:
+    assert sweep.rotate_factor(60 << 20) == 240 << 20 and sweep.rotate_factor(0) == 0

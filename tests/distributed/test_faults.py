@@ -111,3 +111,20 @@ def test_only_the_crashed_rank_is_named(ranks: Path) -> None:
         assert not r["ok"] and r["missing"] == [3], r["error"]
         assert "rank 3 had not called check_agreement (ranks 0-2 had)" in r["error"]
     assert res[0]["seconds"] < 2.5 + 1.5
+
+
+def test_rank_0_gone_with_its_store_is_named(tmp_path: Path) -> None:
+    """Rank 0 hosts the rendezvous store (init_process_group without torchrun) and exits right after raising: the other
+    ranks say that rank 0 and its store went away, naming rank 0 as missing, not only that a store did not answer."""
+    world = 3
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_ranks(REPO / "tests" / "distributed" / "store_gone_worker.py", lambda r: (str(r), str(world), str(port), str(tmp_path)),
+              lambda r: _env(LOCAL_RANK=str(r)), world, 120)
+    res = [json.loads((tmp_path / f"store_gone.{r}.json").read_text()) for r in range(1, world)]
+    for r in res:
+        assert "unexpected" not in r, r
+        assert not r["ok"] and r["missing"] == [0], r
+        assert "rank 0 is gone" in r["error"] and "lives in rank 0's process" in r["error"] and "without torchrun" in r["error"], r
+        assert r["seconds"] < 15, r  # not the whole timeout

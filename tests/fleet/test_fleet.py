@@ -20,6 +20,7 @@ import pytest
 
 import hwprofile
 from hwprofile import _env, _remote, tuning
+from hwprofile._redact import redact
 from hwprofile.errors import CacheError, SettingError
 from hwprofile.kernels import _pipeline, toolchain
 from hwprofile.kernels import cache as kcache
@@ -59,8 +60,8 @@ def output(p: subprocess.CompletedProcess[str] | Any) -> dict[str, Any]:
 def test_the_url_forms_and_the_password_never_shown() -> None:
     for ok in ("redis://cache:6379", "redis://:secret@cache:6379/2", "rediss://user:secret@cache:6380/0?ssl_cert_reqs=required"):
         assert _env.REMOTE.parse(ok) == ok
-    assert _env.redact_url("rediss://user:secret@cache:6380/0") == "rediss://user:***@cache:6380/0"
-    assert _env.redact_url("redis://:secret@cache") == "redis://:***@cache" and _env.redact_url("redis://cache:1/0") == "redis://cache:1/0"
+    assert redact("rediss://user:secret@cache:6380/0") == "rediss://user:***@cache:6380/0"
+    assert redact("redis://:secret@cache") == "redis://:***@cache" and redact("redis://cache:1/0") == "redis://cache:1/0"
     with pytest.raises(SettingError) as e:
         _env.REMOTE.parse("http://:secret@cache:6379")
     assert "secret" not in str(e.value) and str(e.value).startswith(f"{_env.REMOTE.name}='http://:***@cache:6379' is not valid")
@@ -70,7 +71,7 @@ def test_the_url_forms_and_the_password_never_shown() -> None:
 def test_a_bad_url_is_an_error_naming_the_variable(bad: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(_env.REMOTE.name, bad)
     monkeypatch.setenv(_env.DEVICE.name, "h200")
-    with pytest.raises(SettingError, match=f"^{_env.REMOTE.name}=.* is not valid: expected redis://"):
+    with pytest.raises(SettingError, match=f"^{_env.REMOTE.name}=.* is not valid: .*[eE]xpected redis://"):
         hwprofile.profile(0)
     spec = KernelSpec("toy", "toy_layer_kernels", "k.cu", (EXPR,), lambda **kw: None, plugin="toy", distribution_version="toy 1.0")
     monkeypatch.setattr(toolchain, "nvrtc_compile", lambda *a, **k: pytest.fail("compiled although the URL is refused"))
@@ -100,6 +101,56 @@ def test_two_hosts_one_compiles_and_publishes_the_other_hits(store: Server, tmp_
     assert b["pipeline"]["hits"] == {f"{store.url} (remote)": 1}
     assert store.client.exists(_remote.cubin_key(a["key"]))
     assert (tmp_path / "b" / "cache" / kcache.entry_name(a["key"])).is_file()  # the local layer first, next time
+
+
+def test_cold_hosts_compile_each_kernel_once(store: Server, tmp_path: Path) -> None:
+    """Six processes, each a host with an empty cache, need one kernel at the same moment: NVRTC runs once in the
+    fleet (the compile lock in the store); the others wait for the published cubin and read it."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    site, inc = toy_package(tmp_path / "prefix")
+    start = str(time.time() + 8)  # after every interpreter has started and imported
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), "compile", str(site), str(inc)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=host_env(tmp_path, f"h{i}", store.url, FLEET_START_AT=start))
+        for i in range(6)
+    ]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        outs.append(output(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)))
+    assert sorted(o["pipeline"]["compiles"] for o in outs) == [0] * 5 + [1], outs
+    assert len({o["key"] for o in outs}) == 1 and len({o["cubin"] for o in outs}) == 1
+    assert sum(o["remote"]["cubin"]["publishes"] for o in outs) == 1
+    assert sum(o["remote"]["cubin"]["hits"] for o in outs) == 5 and all(o["remote"]["errors"] == 0 for o in outs)
+    assert not store.client.keys(f"{_remote.NAMESPACE}:lock:compile:*")  # released
+
+
+def test_a_killed_compile_holder_costs_one_lock_lifetime(store: Server, tmp_path: Path) -> None:
+    """The host compiling a kernel is killed inside NVRTC: its lock expires, and a waiting host compiles and publishes."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    site, inc = toy_package(tmp_path / "prefix")
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, str(WORKER), "compile-hold", str(site), str(inc)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=host_env(tmp_path, "holder", store.url, FLEET_LOCK_TTL="2", FLEET_READY=str(ready)))
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+            time.sleep(0.05)
+        assert store.client.keys(f"{_remote.NAMESPACE}:lock:compile:*")  # the holder holds the kernel's compile lock
+        waiter = subprocess.Popen([sys.executable, str(WORKER), "compile", str(site), str(inc)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=host_env(tmp_path, "waiter", store.url))
+        time.sleep(4)  # the waiter waits for the live holder (which renews its 2 s lock) ...
+        assert waiter.poll() is None, waiter.communicate()
+        holder.send_signal(signal.SIGKILL)  # ... until the holder dies
+        stdout, stderr = waiter.communicate(timeout=300)
+    finally:
+        holder.kill()
+        holder.communicate()
+    out = output(subprocess.CompletedProcess(waiter.args, waiter.returncode, stdout, stderr))
+    assert out["pipeline"]["compiles"] == 1 and out["remote"]["cubin"]["publishes"] == 1, (out, stderr)
+    assert 4 < out["seconds"] < 4 + 2 + 15, out  # the wait, then at most one lock lifetime (2 s) and the compile
 
 
 # --- tuned tables: one tuner per SKU -------------------------------------------------------------------------------
@@ -351,7 +402,7 @@ def test_no_client_package_is_one_error_line_naming_the_extra(toy: tuple[KernelS
         for expr in spec.instances:
             _pipeline.compile_spec(spec, "sm_90a", (expr,))
     lines = [r for r in caplog.records if "redis package" in r.getMessage()]
-    assert len(lines) == 1 and lines[0].levelno == logging.ERROR and "pip install 'hwprofile[remote]'" in lines[0].getMessage()
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR and _remote.install() in lines[0].getMessage()
     assert compiles == list(spec.instances)
 
 

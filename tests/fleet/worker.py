@@ -1,6 +1,8 @@
 """One "host" of a fleet, run as its own process by tests/fleet: compiles a kernel or tunes, then prints what it did.
 
     python worker.py compile SITE INCLUDE      compile the toy kernel (real NVRTC) through the cache layers and the store
+    python worker.py compile-hold SITE INCLUDE like compile, but block forever inside NVRTC (the fleet's compile lock
+                                               held; the test kills it)
     python worker.py tune                      tune router_gemm on a cold host (no tuned file; HWPROFILE_DEVICE) with a fake timer
     python worker.py hold                      like tune, but block forever while measuring (the test kills it)
 
@@ -34,16 +36,26 @@ def main() -> None:
     start = float(os.environ.get("FLEET_START_AT", "0"))
     mode = sys.argv[1]
     out: dict[str, object] = {}
-    if mode == "compile":
-        from hwprofile.kernels import _pipeline
+    if mode in ("compile", "compile-hold"):
+        from hwprofile.kernels import _pipeline, toolchain
         from hwprofile.kernels.spec import KernelSpec, Launch
+
+        if mode == "compile-hold":
+
+            def hold(*args: object, **kwargs: object) -> object:
+                Path(os.environ["FLEET_READY"]).write_text("holding")
+                time.sleep(3600)
+                raise AssertionError("killed before")
+
+            toolchain.nvrtc_compile = hold  # type: ignore[assignment]
 
         sys.path.insert(0, sys.argv[2])
         spec = KernelSpec("toy", "toy_layer_kernels", "k.cu", (EXPR,), lambda **kw: Launch(EXPR, (1, 1, 1), (32, 1, 1)),
                           options=(f"-I{sys.argv[3]}",), plugin="toy", distribution_version="toy 1.0")
         time.sleep(max(0.0, start - time.time()))
+        t0 = time.monotonic()
         c = _pipeline.compile_spec(spec, "sm_90a")
-        out = {"key": c.key, "layer": c.layer, "cubin": len(c.cubin), "pipeline": _pipeline.counters()}
+        out = {"key": c.key, "layer": c.layer, "cubin": len(c.cubin), "pipeline": _pipeline.counters(), "seconds": time.monotonic() - t0}
     else:
         from tests.tune.helpers import FakeTimer
 

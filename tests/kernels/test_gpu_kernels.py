@@ -173,3 +173,108 @@ def test_plans_use_this_gpus_own_attributes(table: ops._dispatch._Table) -> None
     basis = table.prof.kernels["gemv"].configure.plan_basis
     assert f"sm_count={attrs.sm_count}," in basis
     assert f"max_shared_bytes={min(attrs.max_shared_memory_per_block_optin, 227 * 1024)}," in basis
+
+
+# --- the FP8 GEMV at M = 1..16 (M = 1: the SIMT kernel; M = 2..16: the tensor-core kernel, hwprofile/skinny_fp8.cuh) ---
+
+
+def fp8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``x . (w * scale)^T`` and the bound each element must meet: one bf16 rounding of the result
+    (2^-8 relative) plus fp32 accumulation over K (K * 2^-24 of the sum of magnitudes)."""
+    s = scale.double().reshape(-1, 1) if scale.numel() == w.shape[0] and w.shape[0] != 1 else scale.double().reshape(())
+    wd = w.double() * s
+    ref = x.double() @ wd.t()
+    mag = x.double().abs() @ wd.abs().t()
+    return ref, ref.abs() * 2.0**-8 + mag * (x.shape[1] * 2.0**-24) + 1e-30
+
+
+def assert_fp8_close(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
+    assert not torch.isnan(out).any(), "an output element was not written (or is NaN where the reference is not)"
+    ref, bound = fp8_reference(x, w, scale)
+    err = (out.double() - ref).abs()
+    worst = float((err / bound).max())
+    assert worst <= 1.0, f"worst error {worst:.3g} x the bound (bf16 rounding + fp32 accumulation)"
+
+
+def fp8_scale(mode: int, n: int) -> torch.Tensor:
+    return (torch.rand(n, device="cuda") + 0.5) if mode == ops.ROW_SCALE else torch.tensor([0.7], device="cuda")
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("mode", [ops.TENSOR_SCALE, ops.ROW_SCALE])
+@pytest.mark.parametrize("m", list(range(1, 17)))
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (2056, 7184), (100, 16), (1000, 4112)])
+def test_fp8_gemv_every_m(table: ops._dispatch._Table, m: int, n: int, k: int, mode: int, split: bool) -> None:
+    """Every M the kernel takes, against float64 elementwise; N and K off every tile (2056, 100, 1000 rows; K = 16,
+    7184, 4112: not multiples of a 64-wide chunk), both scale modes, split-K on and off."""
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") * 3).to(torch.float8_e4m3fn)
+    scale = fp8_scale(mode, n)
+    out = run(table, "fp8_gemv", x, w, scale, torch.bfloat16, mode, split=split)
+    assert_fp8_close(out, x, w, scale)
+
+
+@pytest.mark.parametrize("m", [1, 2, 8, 9, 16])
+@pytest.mark.parametrize("mode", [ops.TENSOR_SCALE, ops.ROW_SCALE])
+def test_fp8_gemv_extreme_weights(table: ops._dispatch._Table, m: int, mode: int) -> None:
+    """Every finite e4m3 code (the largest, +-448; every subnormal; +0 and -0) in every row, exactly dequantised."""
+    n, k = 520, 2048
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8, device="cuda")  # 254 codes
+    codes = finite[torch.randint(0, finite.numel(), (n, k), device="cuda")]
+    codes[:, :254] = finite  # each row holds each code at least once
+    codes[0] = 0x7E  # a row of 448s
+    codes[1] = 0x01  # a row of the smallest subnormal, 2^-9
+    codes[2] = 0x80  # a row of -0
+    w = codes.view(torch.float8_e4m3fn)
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    scale = fp8_scale(mode, n)
+    out = run(table, "fp8_gemv", x, w, scale, torch.bfloat16, mode)
+    assert_fp8_close(out, x, w, scale)
+    assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2]))
+
+
+@pytest.mark.parametrize("m", [1, 2, 8, 16])
+def test_fp8_gemv_nan_weight_makes_its_row_nan(table: ops._dispatch._Table, m: int) -> None:
+    """An e4m3 NaN (0x7f, 0xff) anywhere in a weight row makes that row's output NaN for every token, as the
+    dequantised product does; the other rows stay exact."""
+    n, k = 264, 4096
+    w = (torch.randn(n, k, device="cuda") * 3).to(torch.float8_e4m3fn)
+    wb = w.view(torch.uint8)
+    bad = {5: (0, 0x7F), 17: (k - 1, 0xFF), 200: (1000, 0x7F), 263: (2047, 0xFF)}
+    for row, (col, code) in bad.items():
+        wb[row, col] = code
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    scale = fp8_scale(ops.ROW_SCALE, n)
+    out = run(table, "fp8_gemv", x, w, scale, torch.bfloat16, ops.ROW_SCALE)
+    rows = sorted(bad)
+    assert torch.isnan(out[:, rows]).all()
+    keep = [r for r in range(n) if r not in bad]
+    wk = w[keep]
+    assert_fp8_close(out[:, keep].contiguous(), x, wk, scale[keep])
+
+
+def test_fp8_gemv_inf_in_x_and_overflow(table: ops._dispatch._Table) -> None:
+    """An infinite activation gives an infinite (or NaN where 0 * inf) result as the float64 product does; a sum past
+    bf16's range rounds to inf."""
+    m, n, k = 4, 256, 1024
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    x[1, 7] = float("inf")
+    w = (torch.rand(n, k, device="cuda") + 0.5).to(torch.float8_e4m3fn)  # positive weights: row 1 of out is +inf
+    scale = torch.tensor([1.0], device="cuda")
+    out = run(table, "fp8_gemv", x, w, scale, torch.bfloat16, ops.TENSOR_SCALE)
+    assert torch.isposinf(out[1]).all()
+    others = [0, 2, 3]
+    assert_fp8_close(out[others].contiguous(), x[others].contiguous(), w, scale)
+    big = torch.tensor([3e38], device="cuda")  # |sum| x 3e38 is past bf16's 3.39e38
+    x2 = torch.ones(2, k, device="cuda").bfloat16()
+    out2 = run(table, "fp8_gemv", x2, w, big, torch.bfloat16, ops.TENSOR_SCALE)
+    assert torch.isposinf(out2).all()
+
+
+def test_fp8_gemv_is_deterministic_at_every_m_tile(table: ops._dispatch._Table) -> None:
+    for m in (2, 16):
+        x = torch.randn(m, 7168, device="cuda").bfloat16()
+        w = (torch.randn(2048, 7168, device="cuda") * 3).to(torch.float8_e4m3fn)
+        scale = fp8_scale(ops.ROW_SCALE, 2048)
+        outs = [run(table, "fp8_gemv", x, w, scale, torch.bfloat16, ops.ROW_SCALE, split=True) for _ in range(4)]
+        assert all(torch.equal(outs[0], o) for o in outs[1:])  # fixed-order sums over warps and cluster ranks

@@ -65,14 +65,18 @@ def test_launch_plans_fit_the_sm_and_name_the_plugins_entry_points(sim: str, mon
                 assert la.name_expression.startswith(prefix + "_")
                 e = la.name_expression
                 assert e.startswith("hwp90_router<") if prefix == "hwp90" else e.startswith(prefix + "_skinny_mma<false, float,")
-    for op, scales in (("gemv", (0,)), ("fp8_gemv", (1, 2))):
+    for op, scales, ms in (("gemv", (0,), (1,)), ("fp8_gemv", (1, 2), (1, 2, 8, 9, 16))):
         for n in (64, 2048, 3168, 57344, 152064):
             for k in (512, 7168, p["gemv.max_k"], 16384):
                 for split in (True, False):
                     for sc in scales:
-                        la = p.kernels[op].configure(m=1, n=n, k=k, split_k=split, **({"scale": sc} if op == "fp8_gemv" else {}))
-                        check_fits(la, n, smem, sms)
-                        assert la.name_expression.startswith(prefix + "_")
+                        for m in ms:
+                            la = p.kernels[op].configure(m=m, n=n, k=k, split_k=split, **({"scale": sc} if op == "fp8_gemv" else {}))
+                            check_fits(la, n, smem, sms)
+                            assert la.name_expression.startswith(prefix + "_")
+                            if m > 1:  # the FP8 tensor-core kernel: every token of the M tile in one weight read
+                                mt = "1" if m <= 8 else "2"
+                                assert la.name_expression.startswith(f"{prefix}_skinny_mma<true, __nv_bfloat16, {mt}, ")
     for spec in (s for s in p.kernels.values() if p.plugin is not None and s.plugin == p.plugin.name):  # the plugin's own
         assert all(e.startswith(prefix + "_") for e in spec.instances), spec.op
 
@@ -114,6 +118,7 @@ def test_plan_refuses_what_no_kernel_takes_naming_the_limit() -> None:
         (dict(m=0, n=64, k=512, fp8=False, out="float"), "1 <= M <= 16"),
         (dict(m=17, n=64, k=512, fp8=False, out="float"), "1 <= M <= 16"),
         (dict(m=2, n=64, k=512, fp8=False, out="bf16"), "takes M = 1, got M=2"),
+        (dict(m=17, n=64, k=512, fp8=True, out="bf16"), "FP8 GEMV kernel takes 1 <= M <= 16, got M=17"),
         (dict(m=1, n=0, k=512, fp8=True, out="bf16"), "1 <= N <="),
         (dict(m=1, n=MAX_N + 1, k=512, fp8=False, out="bf16"), f"N <= {MAX_N}"),
         (dict(m=1, n=64, k=MAX_K + 16, fp8=True, out="bf16"), f"K <= {MAX_K}"),
@@ -330,3 +335,13 @@ def test_a_real_gpu_is_planned_from_its_driver_attributes(monkeypatch: pytest.Mo
     monkeypatch.setattr(dev, "_driver_attributes", lambda index: dev.DriverAttributes())
     ref = {s.op: s for s in sm90.kernel_specs("hwprofile_sm90", real)}
     assert ref["gemv"].configure(m=1, n=57344, k=4096, split_k=True).grid == (264, 1, 1)
+
+
+def test_fp8_tensor_core_plan_needs_a_scale_and_bf16_output() -> None:
+    t = ArchTuning(sm_count=148, max_shared_bytes=227 * 1024, prefix="hwp100")
+    la = plan(t, m=16, n=4096, k=4096, fp8=True, out="bf16", scale=1, split_k=False)
+    assert la.name_expression == "hwp100_skinny_mma<true, __nv_bfloat16, 2, 8, 4, 1, 2, 1>" and la.grid == (128, 1, 1)
+    with pytest.raises(ValueError, match="needs a scale"):
+        plan(t, m=4, n=4096, k=4096, fp8=True, out="bf16", scale=0, split_k=False)
+    with pytest.raises(ValueError, match="writes bf16, not float"):
+        plan(t, m=4, n=4096, k=4096, fp8=True, out="float", scale=1, split_k=False)

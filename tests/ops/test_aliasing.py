@@ -22,7 +22,9 @@ torch = pytest.importorskip("torch")
 class RestrictLauncher(FakeLauncher):
     """A fake kernel that, like the real ones, must not be given an out that overlaps an input."""
 
-    def __call__(self, t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int) -> bool:
+    def __call__(
+        self, t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, split_k: bool | None = None
+    ) -> bool:
         for name, v in (("x", x), ("w", w), ("scale", scale)):
             assert not _overlap(out, v), f"{op}: the kernel was handed an out that overlaps {name}"
         return super().__call__(t, op, out, x, w, scale, m, n, k, mode)

@@ -86,7 +86,7 @@ def test_compiled_graph_still_dispatches_to_the_kernel(monkeypatch: pytest.Monke
     ops.reset_dispatch()
     calls = []
 
-    def fake(t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int) -> bool:
+    def fake(t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, split_k: bool | None = None) -> bool:
         calls.append((op, m, n, k))
         out.copy_(REFERENCES[op](x, w).to(out.dtype))  # the op's own float64 truth, not a product assumed for every op
         return True

@@ -80,3 +80,30 @@ def test_the_cpu_takes_the_dequantising_path(monkeypatch: pytest.MonkeyPatch) ->
     out = F.fp8_mm(x, w, s)
     assert not seen and out.shape == (1, 1024)
     assert F.FALLBACKS["fp8_gemv"] is F.fp8_mm
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_split_mm_gives_the_references_infinities_and_nans(fused: bool) -> None:
+    """A row holding +-inf gives the reference's +-inf (NaN where inf meets a zero weight), a NaN row NaN; the others stay exact."""
+    torch.manual_seed(2)
+    n, k = 48, 256
+    x = torch.randn(5, k).bfloat16()
+    x[1, 7] = float("inf")
+    x[2, 9] = -float("inf")
+    x[3, 11] = float("nan")
+    x[4, 3], x[4, 200] = float("inf"), float("inf")  # two infinities of one sign
+    w = (torch.randn(n, k) * 2).to(torch.float8_e4m3fn)
+    w[5, 7] = 0.0  # inf * 0: NaN in the reference
+    w[:, 3] = w[:, 200].abs().to(torch.float8_e4m3fn)
+    w[:, 200] = w[:, 3]  # row 4: both products of one sign, whichever it is
+    scale = torch.rand(n) + 0.25
+    out = F.fp8_split_mm(x, w, scale, torch.ones(()), factors(), fused=fused)
+    ref = (x.float() @ (w.float() * scale.reshape(-1, 1)).t()).bfloat16()
+    for i in range(5):
+        assert torch.equal(out[i].isnan(), ref[i].isnan()), (i, out[i], ref[i])
+        inf = ref[i].isinf()
+        assert torch.equal(out[i][inf], ref[i][inf]), i
+    assert bool(out[1].isinf().sum() == n - 1) and bool(out[1, 5].isnan()) and bool(out[2].isinf().all())
+    assert bool(out[3].isnan().all()) and bool(out[4].isinf().all())
+    clean = F.fp8_split_mm(x[:1], w, scale, torch.ones(()), factors(), fused=fused)
+    assert torch.equal(out[0], clean[0])  # a finite row is untouched by its neighbours' infinities

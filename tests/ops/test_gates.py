@@ -27,9 +27,13 @@ class FakeLauncher:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int, int, int]] = []
+        self.split_ks: list[bool | None] = []  #: the split-K each launch asked for (None: the profile's)
         self.fail = False
 
-    def __call__(self, t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int) -> bool:
+    def __call__(
+        self, t: Any, op: str, out: Any, x: Any, w: Any, scale: Any, m: int, n: int, k: int, mode: int, split_k: bool | None = None
+    ) -> bool:
+        self.split_ks.append(split_k)
         assert out.is_contiguous() and x.is_contiguous() and w.is_contiguous(), "the kernel ABI takes contiguous operands"
         assert (out.shape, x.shape, w.shape) == ((m, n), (m, k), (n, k))
         if self.fail:
@@ -280,8 +284,14 @@ def test_fp8_gates_and_scale_modes(fake: FakeLauncher, per_row: bool) -> None:
     n, k = 2048, 4096
     scale = torch.rand(n) + 0.5 if per_row else torch.tensor(0.5)
     ops.fp8_gemv(rand(1, k), fp8(n, k), scale)
-    assert fake.calls == [("fp8_gemv", 1, n, k, ops.ROW_SCALE if per_row else ops.TENSOR_SCALE)]
-    assert not took_kernel(fake, ops.fp8_gemv, rand(3, k), fp8(n, k), scale[:1] if per_row else scale)
+    mode = ops.ROW_SCALE if per_row else ops.TENSOR_SCALE
+    assert fake.calls == [("fp8_gemv", 1, n, k, mode)]
+    for m in (2, 3, 9, 16):  # the tensor-core kernel reads the weight once for every token up to 16
+        assert took_kernel(fake, ops.fp8_gemv, rand(m, k), fp8(n, k), scale)
+        assert fake.calls[-1] == ("fp8_gemv", m, n, k, mode)
+    assert took_kernel(fake, ops.fp8_gemv, rand(2, 4, k), fp8(n, k), scale)  # leading dims flatten to M = 8
+    assert not took_kernel(fake, ops.fp8_gemv, rand(17, k), fp8(n, k), scale)
+    assert ops.decide("fp8_gemv", hwprofile.profile(0), m=17, n=n, k=k).gate == "m"
 
 
 def test_fp8_k_must_suit_16_byte_loads_whatever_the_setting(fake: FakeLauncher, monkeypatch: pytest.MonkeyPatch) -> None:

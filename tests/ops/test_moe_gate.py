@@ -206,3 +206,42 @@ def test_gpu_identical_choice_to_float64(monkeypatch: pytest.MonkeyPatch, m: int
     rows = decisive(logits64, b.cpu(), n_group, topk_group, top_k, margin=1e-4)
     assert torch.equal(ids.cpu()[rows], ref_ids[rows])
     torch.testing.assert_close(weights.cpu()[rows].double(), ref_w[rows], rtol=1e-4, atol=1e-6)
+
+
+def test_the_torch_path_dispatches_no_more_ops_than_a_plain_torch_step() -> None:
+    """Issue 43 (above the kernel's M the op ran slower than torch's own step, eager and in graphs): the torch path's
+    grouped selection, exact ties and all, dispatches fewer aten ops than the plain top-k step an engine writes
+    (bench_moe_gate.py's), and none that only moves data (no clone, copy or negation of an [M, N] mask)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def real(names: list[str]) -> list[str]:
+        return [o for o in names if not any(v in o for v in ("view", "expand", "unsqueeze", "slice", "select", "alias"))]
+
+    m, n, n_group, per = 32, 256, 8, 32
+    lg, b = torch.randn(m, n), torch.randn(n) * 0.05
+
+    def engine_step() -> Any:  # DeepSeek-V3's step as engines write it (topk, no tie rule)
+        scores = lg.sigmoid()
+        choice = scores + b
+        group = choice.view(m, n_group, per).topk(2, dim=-1)[0].sum(dim=-1)
+        gidx = torch.topk(group, k=4, dim=-1, sorted=False)[1]
+        mask = torch.zeros_like(group).scatter_(1, gidx, 1).unsqueeze(-1).expand(m, n_group, per).reshape(m, n)
+        ids = torch.topk(choice.masked_fill(~mask.bool(), float("-inf")), k=8, dim=-1, sorted=False)[1]
+        wt = scores.gather(1, ids)
+        return ids, wt / (wt.sum(dim=-1, keepdim=True) + 1e-20) * 2.5
+
+    with Count() as ours:
+        ops._gate.select_torch(lg, b, n_group, 4, 8, True, 2.5)
+    with Count() as theirs:
+        engine_step()
+    assert len(real(ours.ops)) < len(real(theirs.ops)), (real(ours.ops), real(theirs.ops))
+    assert not [o for o in ours.ops if "clone" in o or "copy" in o or "bitwise_not" in o], ours.ops

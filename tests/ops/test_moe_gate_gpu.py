@@ -157,3 +157,112 @@ def test_every_served_router_against_float64_and_the_torch_selection(router: str
         torch.testing.assert_close(weights.cpu()[rows].double(), want_w[rows], rtol=1e-4, atol=0)
     if r.renormalize:
         torch.testing.assert_close(weights.sum(-1).cpu().double(), torch.full((m,), r.scaling, dtype=torch.float64), rtol=1e-5, atol=0)
+
+
+# --- the ticket and the lane layout (moe_gate.cuh): state across calls and replays, every layout path --------------
+
+LAYOUTS = [  # (N, n_group, topk_group, top_k): N = 64..512, groups on whole lanes and groups cut across lanes
+    (64, 1, 1, 6), (128, 1, 1, 8), (160, 1, 1, 8), (256, 8, 4, 8), (384, 1, 1, 8), (512, 1, 1, 10),
+    (384, 8, 4, 8),  # 12 experts a lane, 4 lanes a group
+    (200, 8, 3, 8),  # groups of 25: no aligned width, one warp reduction per group
+    (512, 32, 5, 32),  # 32 groups of one lane, 32 picks
+    (96, 3, 2, 4),  # 8 lanes a group, 24 of the 32 lanes used
+]
+
+
+def gate(h: Any, w: Any, b: Any, n_group: int, topk_group: int, top_k: int, scaling: float = 1.0) -> tuple[Any, Any]:
+    """The fused kernel whatever the route says (``run_kernel``: a refusal or a fault raises, never the torch path)."""
+    return ops._gate.run_kernel(h, w, b, top_k=top_k, n_group=n_group, topk_group=topk_group, renormalize=True, scaling=scaling,
+                                scoring="sigmoid")
+
+
+def kernel_and_torch(m: int, n: int, n_group: int, topk_group: int, top_k: int, seed: int, k: int = 1024) -> None:
+    """The kernel's ids equal the float64 selection on router_gemm's fp32 logits wherever no near-tie, weights to 1e-5."""
+    h, w, b = inputs(m, n, seed=seed, k=k)
+    ids, weights = gate(h, w, b, n_group, topk_group, top_k, 2.0)
+    check(ids, weights, ops.router_gemm(h, w), b, n_group, topk_group, top_k, True, 2.0)
+
+
+@pytest.mark.parametrize(("n", "n_group", "topk_group", "top_k"), LAYOUTS, ids=[f"N{c[0]}g{c[1]}" for c in LAYOUTS])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_every_layout_matches_float64_and_the_torch_selection(m: int, n: int, n_group: int, topk_group: int, top_k: int) -> None:
+    kernel_and_torch(m, n, n_group, topk_group, top_k, seed=m * 1000 + n + n_group)
+
+
+def test_the_ticket_is_zero_after_every_launch_and_repeated_calls_stay_right() -> None:
+    """The last CTA's own atom.inc returns the ticket to zero: 200 calls of alternating shapes (different CTA counts) on
+    one stream, each right; a left-over count would make a later launch select before its logits are stored."""
+    shapes = [(1, 256, 8, 4, 8), (16, 384, 1, 1, 8), (5, 64, 1, 1, 6), (9, 512, 32, 5, 32)]
+    data = {s: inputs(s[0], s[1], seed=sum(s), k=2048) for s in shapes}
+    want = {}
+    for s, (h, w, b) in data.items():
+        _, _, g, tg, k = s
+        want[s] = gate(h, w, b, g, tg, k)
+        check(want[s][0], want[s][1], ops.router_gemm(h, w), b, g, tg, k, True, 1.0)
+    for i in range(200):
+        s = shapes[i % len(shapes)]
+        h, w, b = data[s]
+        got = gate(h, w, b, s[2], s[3], s[4])
+        assert torch.equal(got[0], want[s][0]) and torch.equal(got[1], want[s][1]), (i, s)
+    torch.cuda.synchronize()
+    ws = ops._gate._workspace[0]
+    assert int(ws.count_nonzero()) == 0, "a ticket word is not zero between launches"
+
+
+@pytest.mark.parametrize(("n", "n_group", "topk_group", "top_k"), [(256, 8, 4, 8), (384, 1, 1, 8), (200, 8, 3, 8)])
+def test_graph_replays_chain_new_inputs_and_stay_right(n: int, n_group: int, topk_group: int, top_k: int) -> None:
+    """Three gates captured in one graph (PDL chains them), replayed 50 times with new hidden states between replays:
+    every replay right, the ticket words zero after each."""
+    m = 8
+    h, w, b = inputs(m, n, seed=n, k=2048)
+    outs: list[Any] = []
+
+    def step() -> None:
+        outs.clear()
+        for _ in range(3):
+            outs.append(gate(h, w, b, n_group, topk_group, top_k, 2.5))
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for i in range(50):
+        h.copy_(inputs(m, n, seed=1000 + i, k=2048)[0])
+        g.replay()
+        torch.cuda.synchronize()
+        want = gate(h, w, b, n_group, topk_group, top_k, 2.5)
+        for ids, weights in outs:
+            assert torch.equal(ids, want[0]) and torch.equal(weights, want[1]), i
+    check(outs[0][0], outs[0][1], ops.router_gemm(h, w), b, n_group, topk_group, top_k, True, 2.5)
+    assert int(ops._gate._workspace[0].count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("n", [64, 256, 384, 512])
+def test_exact_ties_everywhere_go_to_the_lower_index(n: int) -> None:
+    """Every logit equal (zero hidden state): every pick a tie, in every lane and slot; the biases lift a few experts
+    (two of them equal). The torch selection, the kernel and index order agree."""
+    m = 4
+    h = torch.zeros(m, 256, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(n, 256, device="cuda").bfloat16()
+    b = torch.zeros(n, device="cuda")
+    lifted = [n - 1, n // 2, n // 2 + 1, 3]
+    b[lifted] = torch.tensor([0.5, 0.25, 0.25, 0.125], device="cuda")
+    n_group = 8 if n % 8 == 0 and n >= 128 else 1
+    top_k = 8
+    ids, weights = gate(h, w, b, n_group, n_group // 2 or 1, top_k)
+    want_ids, want_w = ops._gate.select_torch(ops.router_gemm(h, w), b, n_group, n_group // 2 or 1, top_k, True, 1.0)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_w, rtol=1e-6, atol=0)
+    assert ids[0, :4].tolist() == [n - 1, n // 2, n // 2 + 1, 3]
+
+
+@pytest.mark.parametrize("m", [17, 32, 100])
+@pytest.mark.parametrize(("n", "n_group", "topk_group", "top_k", "scale"), [DSV3, KIMI], ids=["dsv3", "kimi-k2"])
+def test_above_the_kernels_m_the_torch_path_is_right(m: int, n: int, n_group: int, topk_group: int, top_k: int, scale: float) -> None:
+    """M > 16: the op takes its torch path (decide says so) and picks what float64 picks on the same fp32 logits."""
+    d = ops.decide_moe_gate(hwprofile.profile(0), m=m, n=n, k=7168, n_group=n_group, topk_group=topk_group, top_k=top_k)
+    assert d.path == "fallback", d.reason
+    h, w, b = inputs(m, n, seed=13 * m + n)
+    ids, weights = ops.moe_gate(h, w, b, top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale)
+    check(ids, weights, torch.mm(h, w.t(), out_dtype=torch.float32), b, n_group, topk_group, top_k, True, scale)

@@ -297,3 +297,68 @@ def test_a_call_plans_once_and_a_repeated_shape_not_at_all(fake: FakeLauncher, m
     ops.moe_gate(h, w, b, **DSV3)
     ops.moe_gate(h, w, b, **DSV3)
     assert plans == [(4, 256, 64)] and len(launched) == 3 and launched[0] is launched[1] is launched[2]
+
+
+def test_above_the_kernels_m_the_eager_path_hands_the_callers_tensors_to_the_fallback(fake: FakeLauncher,  # noqa: F811
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43 (eager +28.7 us over the direct fallback at M = 32): past the kernel's M the op validates once and calls
+    the fallback with the caller's own tensors (no reshape, copy or allocation of its own), routing a repeated shape
+    by one dict lookup (no route, no plan, no table lookup)."""
+    seen: list[tuple[Any, ...]] = []
+    real = ops._gate.fallback
+
+    def recording(x: Any, w: Any, bias: Any, *rest: Any) -> Any:
+        seen.append((x, w, bias, *rest))
+        return real(x, w, bias, *rest)
+
+    monkeypatch.setattr(ops._gate, "fallback", recording)
+    h, w, b = inputs(32, 256)
+    first = ops.moe_gate(h, w, b, **DSV3)
+    assert ops.decide_moe_gate(hwprofile.profile(), m=32, n=256, k=64, n_group=8, topk_group=4, top_k=8).path == "fallback"
+    for name in ("route_gate", "plan", "_route_of"):
+        monkeypatch.setattr(ops._gate, name, lambda *a, name=name: pytest.fail(f"{name} ran for a remembered shape"))
+    monkeypatch.setattr(ops._dispatch, "table", lambda *a: pytest.fail("the dispatch table was looked up for a remembered shape"))
+    again = ops.moe_gate(h, w, b, **DSV3)
+    assert len(seen) == 2 and all(s[0] is h and s[1] is w and s[2] is b for s in seen)
+    assert seen[1][3:] == (8, 4, 8, True, 2.5, "sigmoid")
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    want = ops._gate.select_torch(h.float() @ w.float().t(), b, 8, 4, 8, True, 2.5)  # the CPU fallback's fp32 upcast
+    assert torch.equal(again[0], want[0])
+
+
+@pytest.mark.parametrize("lead", [(4,), (2, 2)], ids=["2d", "3d"])
+def test_compiled_kernel_route_is_the_custom_op_alone_without_copies_or_views(gate: GateFake, lead: tuple[int, ...]) -> None:
+    """Issue 43 (compile 0.78-0.89x): what AOT autograd hands the compiler around the fused gate's custom op. A 2-D hidden
+    state reaches the op as it is (no aten.view: the old trace reshaped it), a batched one through views only; never a
+    clone, copy, contiguous or layout change of an operand or a result, and the op's outputs are contiguous."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[Any] = []
+
+    def fw(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    m = 1
+    for d in lead:
+        m *= d
+    h2, w, b = inputs(m, 256)
+    h = h2.reshape(*lead, 64)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(lambda *a: ops.moe_gate(*a, **DSV3), backend=aot_autograd(fw_compiler=fw), fullgraph=True)(h, w, b)
+    finally:
+        torch._dynamo.reset()
+    (gm,) = graphs
+    targets = [str(nd.target) for nd in gm.graph.nodes if nd.op == "call_function"]
+    assert targets.count("hwprofile.moe_gate.default") == 1, targets
+    extra = [t for t in targets if t not in ("hwprofile.moe_gate.default", "<built-in function getitem>")]
+    if len(lead) == 1:
+        assert extra == [], extra
+    else:
+        assert set(extra) <= {"aten.view.default", "aten._unsafe_view.default"}, extra
+    assert len(gate.calls) == 1
+    want = ops.moe_gate(h, w, b, **DSV3)
+    assert got[0].is_contiguous() and got[1].is_contiguous() and got[0].shape == (*lead, 8)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

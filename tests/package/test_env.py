@@ -74,12 +74,21 @@ def test_every_variable_has_a_row_in_the_architecture_table() -> None:
     assert rows <= NAMES, f"documented but not declared in hwprofile._env: {sorted(rows - NAMES)}"
 
 
-def test_env_is_the_bottom_of_the_graph() -> None:
-    """_env imports only errors (at run time, in functions included)."""
-    tree = ast.parse((PKG / "_env.py").read_text())
-    own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+def _own_imports(module: str) -> set[str]:
+    tree = ast.parse((PKG / f"{module}.py").read_text())
+    own = {n.module or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level for a in n.names}
     absolute = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert own == {"errors"} and not {m for m in absolute if m.split(".")[0] == "hwprofile"}
+    assert not {m for m in absolute if m.split(".")[0] == "hwprofile"}, module
+    return own
+
+
+def test_env_is_the_bottom_of_the_graph() -> None:
+    """_env imports only errors, _redact and _storeurl (at run time, in functions included); _storeurl only _redact,
+    errors only _redact, and _redact nothing of hwprofile."""
+    assert _own_imports("_env") == {"errors", "_redact", "_storeurl"}
+    assert _own_imports("_storeurl") == {"_redact"}
+    assert _own_imports("errors") == {"_redact"}
+    assert _own_imports("_redact") == set()
 
 
 def test_every_record_is_complete() -> None:
@@ -97,7 +106,7 @@ def test_every_record_is_complete() -> None:
 ON = ["1", "true", "yes", "on", "TRUE", " On ", "Yes"]
 OFF = ["0", "false", "no", "off", "OFF", " False "]
 BAD_SWITCH = ["", "2", "maybe", "enabled", "disabled", "y", "n", "o n"]
-SWITCHES = {_env.PLUGIN_FORCE, _env.CACHE, _env.STRICT, _env.DETERMINISTIC, _env.SELFTEST}
+SWITCHES = {_env.PLUGIN_FORCE, _env.CACHE, _env.STRICT, _env.DETERMINISTIC, _env.SELFTEST, _env.VERIFY}
 
 #: Per variable: accepted text -> value, and refused texts (empty when it accepts anything).
 CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -145,7 +154,8 @@ def test_parser_refuses_naming_the_variable_and_the_accepted_values(name: str, t
     with pytest.raises(var.error) as e:
         var.read({name: text})
     msg = str(e.value)
-    assert msg.startswith(f"{name}={text!r} is not valid: expected {var.accepts}") and var.unset in msg
+    assert msg.startswith(f"{name}={text!r} is not valid: ") and var.unset in msg
+    assert f": expected {var.accepts}" in msg or f". Expected {var.accepts}" in msg  # a reason may come first
 
 
 def test_unset_is_the_default() -> None:
@@ -175,8 +185,8 @@ def test_control_variables_are_known_names() -> None:
 SETTING_VARS = [v for v in _env.VARS if v.setting is not None]
 
 
-def test_strict_and_deterministic_are_settings_declared_by_their_records() -> None:
-    assert {v.name for v in SETTING_VARS} == {_env.STRICT.name, _env.DETERMINISTIC.name}
+def test_strict_deterministic_and_verify_are_settings_declared_by_their_records() -> None:
+    assert {v.name for v in SETTING_VARS} == {_env.STRICT.name, _env.DETERMINISTIC.name, _env.VERIFY.name}
     core = {s.key: s for s in CORE_SETTINGS}
     for v in SETTING_VARS:
         s = core[v.setting]

@@ -206,6 +206,7 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 
 def test_the_leaves_every_layer_shares_sit_below_their_readers() -> None:
     """The version and the registry's records on the ground floors; the stamps below settings and tuning, which read them."""
+    assert not circles(TYPED_GRAPH)  # floors need a graph without circles (test_no_import_circle names them)
     f = floors(TYPED_GRAPH)
     for leaf in ("hwprofile._version", "hwprofile._registry_records", "hwprofile.errors"):
         assert f[leaf] <= 1, f"{leaf} is on floor {f[leaf]}: it imports {sorted(TYPED_GRAPH[leaf])}"
@@ -259,14 +260,17 @@ def test_kernels_never_reach_settings_registry_or_ops() -> None:
         assert not bad, f"{mod} imports {sorted(bad)}: the kernel pipeline sits below settings, registry, profiles and ops"
 
 
-def test_errors_imports_no_hwprofile_module() -> None:
-    """Every module imports errors: one import there closes a circle with all of them."""
-    assert not GRAPH["hwprofile.errors"]
+def test_errors_imports_only_the_redaction() -> None:
+    """Every module imports errors: one import there closes a circle with all of them, unless the module
+    imported imports nothing of hwprofile (_redact: every error message passes it)."""
+    assert GRAPH["hwprofile.errors"] == {"hwprofile._redact"} and not GRAPH["hwprofile._redact"]
 
 
 def test_env_imports_only_errors() -> None:
-    """Every layer reads its control variables from _env, so it sits at the bottom with errors."""
-    assert GRAPH["hwprofile._env"] == {"hwprofile.errors"}
+    """Every layer reads its control variables from _env, so it sits at the bottom with errors (and the
+    redaction and the store URL's check, which sit below it)."""
+    assert GRAPH["hwprofile._env"] == {"hwprofile.errors", "hwprofile._redact", "hwprofile._storeurl"}
+    assert GRAPH["hwprofile._storeurl"] == {"hwprofile._redact"}
 
 
 def test_kernels_face_is_the_pipelines() -> None:

@@ -120,27 +120,6 @@ def test_last_writable_private_directory_is_written_earlier_ones_are_read(toy: K
     assert len(list(first.glob("*.cubin"))) == 1
 
 
-def test_shared_read_only_layer_of_another_owner_is_read(toy: KernelSpec, seam: Seam, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("making a layer owned by another user needs root")
-    shared = tmp_path / "shared"
-    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))
-    c = jit.compile_spec(toy, "sm_90a")
-    hwprofile.reset()
-    os.chmod(shared, 0o755)
-    os.chmod(shared / kcache.entry_name(c.key), 0o644)
-    os.chown(shared, 4242, 4242)
-    os.chown(shared / kcache.entry_name(c.key), 4242, 4242)
-    mine = tmp_path / "mine"
-    monkeypatch.setenv("HWPROFILE_CACHE_DIR", os.pathsep.join([str(shared), str(mine)]))
-    hit = jit.compile_spec(toy, "sm_90a")
-    assert hit.cached and hit.layer == kcache.layer_label(shared, False) and len(seam.compiles) == 1
-    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))  # alone: read, and nothing is written
-    hwprofile.reset()
-    assert jit.compile_spec(toy, "sm_90a").cached and jit.cache_dir() == shared
-
-
 @pytest.mark.parametrize("hostile", ["group_writable_dir", "world_writable_entry"])
 def test_hostile_read_layer_is_never_loaded(toy: KernelSpec, seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             hostile: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -297,3 +276,62 @@ def test_compile_package_never_writes_over_a_users_project(
     assert rc == 2 and why in capsys.readouterr().err.lower()
     if setup == "project":
         assert (target / "pyproject.toml").read_text() == '[project]\nname = "mine"\n'
+
+
+def _owned_by(monkeypatch: pytest.MonkeyPatch, uid: int, *paths: Path) -> None:
+    """``os.fstat`` of a descriptor open on one of ``paths`` reports owner ``uid`` (as if chowned; no root needed)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to map a descriptor to its path")
+    real = os.fstat
+    names = {str(p) for p in paths}
+
+    def fstat(fd: int) -> os.stat_result:
+        st = real(fd)
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return st
+        if where not in names:
+            return st
+        fields = list(st)
+        fields[4] = uid  # st_uid
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(os, "fstat", fstat)
+
+
+@pytest.mark.parametrize("what", ["layer", "entry"])
+def test_a_read_layer_owned_by_another_user_is_refused_naming_the_owner(
+    what: str, toy: KernelSpec, seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs: a read-only layer may be root's instead of yours, never another user's (who could replace its cubins)."""
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))
+    c = jit.compile_spec(toy, "sm_90a")
+    hwprofile.reset()
+    os.chmod(shared, 0o755)
+    os.chmod(shared / kcache.entry_name(c.key), 0o644)
+    other = os.getuid() + 4242
+    _owned_by(monkeypatch, other, shared if what == "layer" else shared / kcache.entry_name(c.key))
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", os.pathsep.join([str(shared), str(tmp_path / "mine")]))
+    with caplog.at_level(logging.WARNING):
+        again = jit.compile_spec(toy, "sm_90a")
+    assert not again.cached and len(seam.compiles) == 2  # refused, not read: compiled here
+    assert str(shared) in caplog.text and f"uid {other}" in caplog.text
+    if what == "layer":
+        assert "neither you nor root" in caplog.text and "chown -R root" in caplog.text
+    else:
+        assert "owned by another user" in caplog.text
+
+
+def test_a_read_layer_owned_by_root_is_read(toy: KernelSpec, seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))
+    c = jit.compile_spec(toy, "sm_90a")
+    hwprofile.reset()
+    os.chmod(shared, 0o755)
+    os.chmod(shared / kcache.entry_name(c.key), 0o644)
+    _owned_by(monkeypatch, 0, shared, shared / kcache.entry_name(c.key))
+    monkeypatch.setenv("HWPROFILE_CACHE_DIR", os.pathsep.join([str(shared), str(tmp_path / "mine")]))
+    hit = jit.compile_spec(toy, "sm_90a")
+    assert hit.cached and hit.layer == kcache.layer_label(shared, False) and len(seam.compiles) == 1

@@ -13,13 +13,24 @@ from typing import Final, NamedTuple
 
 from .errors import MissingDependencyError
 
-CUDA_EXTRA: Final = "pip install 'hwprofile[cu13]' (CUDA 13 driver, 580+) or 'hwprofile[cu12]' (CUDA 12 driver)"
+
+def cuda_extra() -> str:
+    """The commands that install hwprofile's CUDA extras, from where hwprofile came (:mod:`hwprofile._install`)."""
+    from ._install import hwprofile_extra
+
+    return f"{hwprofile_extra('cu13')} (CUDA 13 driver, 580+) or {hwprofile_extra('cu12')} (CUDA 12 driver)"
 
 
 class Dependency(NamedTuple):
     distribution: str  #: what pip installs
-    install: str  #: the command that installs it
+    command: str  #: the command that installs it ("": an extra of hwprofile, :func:`cuda_extra`, composed when asked)
     needed_for: str  #: what stops working without it
+
+    @property
+    def install(self) -> str:
+        """The command that installs it: a third-party distribution by its name on the index, hwprofile's own
+        extras from the checkout or git URL hwprofile came from, never by bare name (:mod:`hwprofile._install`)."""
+        return self.command or cuda_extra()
 
 
 #: top-level module (or a dotted prefix, the longest wins) -> the distribution it comes from
@@ -30,11 +41,11 @@ DEPENDENCIES: Final[dict[str, Dependency]] = {
     "filelock": Dependency("filelock", "pip install 'filelock>=3.20.3'", "the kernel cache's locks"),
     "tomli_w": Dependency("tomli-w", "pip install 'tomli-w>=1.0'", "writing tuned files"),
     "cuda.pathfinder": Dependency("cuda-pathfinder", "pip install 'cuda-pathfinder>=1.1'", "finding the CUDA headers and NVRTC"),
-    "cuda": Dependency("cuda-bindings", CUDA_EXTRA, "compiling (NVRTC) and launching kernels"),
+    "cuda": Dependency("cuda-bindings", "", "compiling (NVRTC) and launching kernels"),
 }
 
 #: NVRTC, the library cuda-bindings loads on its first call (not a module: :func:`hwprofile.kernels.nvrtc_version` loads it)
-NVRTC: Final = Dependency("nvidia-cuda-nvrtc", CUDA_EXTRA, "compiling kernels")
+NVRTC: Final = Dependency("nvidia-cuda-nvrtc", "", "compiling kernels")
 
 
 def _dependency(module: str) -> Dependency | None:

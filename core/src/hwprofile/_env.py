@@ -1,6 +1,7 @@
 """Every ``HWPROFILE_*`` control variable the core reads, declared once: name, parser, one line of doc.
 
-Never imports a hwprofile module but :mod:`hwprofile.errors`: it sits at the bottom of the import
+Never imports a hwprofile module but :mod:`hwprofile.errors`, :mod:`hwprofile._redact` and
+:mod:`hwprofile._storeurl` (which import nothing else of hwprofile): it sits at the bottom of the import
 graph, so that detection, the registry, settings and the kernel pipeline can all read their
 variables here without importing one another.
 
@@ -27,6 +28,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Generic, TypeVar, final
 
+from . import _storeurl
+from ._redact import redact
 from .errors import DeviceError, HwprofileError, PluginError, SettingError
 
 _T = TypeVar("_T")
@@ -61,7 +64,7 @@ class Var(Generic[_T]):
     error: type[HwprofileError]
     #: The key of the core setting this variable overrides, or ``None`` for a variable that is not a setting.
     setting: str | None
-    #: How a value is quoted in messages: the text itself, or with its secret part hidden (:func:`redact_url`).
+    #: How a value is quoted in messages: the text itself, or with its secret part hidden (:func:`hwprofile._redact.redact`).
     shown: Callable[[str], str]
 
     def __init__(
@@ -83,16 +86,16 @@ class Var(Generic[_T]):
         """The value of ``text``; a refused value is :attr:`error`, naming the variable and the accepted values."""
         try:
             return self.parser(text)
-        except ValueError:
-            raise self.refused(text) from None
+        except ValueError as exc:
+            raise self.refused(text, exc.reason if isinstance(exc, _storeurl.Refused) else "") from None
 
     def read(self, environ: Mapping[str, str] | None = None) -> _T:
         """The variable's value in ``environ`` (default ``os.environ``): :attr:`default` when unset."""
         raw = (os.environ if environ is None else environ).get(self.name)
         return self.default if raw is None else self.parse(raw)
 
-    def refused(self, text: str) -> HwprofileError:
-        """The error for a refused value ``text`` (raised by :meth:`parse`).
+    def refused(self, text: str, reason: str = "") -> HwprofileError:
+        """The error for a refused value ``text`` (raised by :meth:`parse`); ``reason``, when given, says what is wrong in it.
 
         An empty (or blank) value says so and what to do, since ``export VAR=`` or an env file's
         ``VAR=`` line looks like "unset" to its author: see :func:`empty_hint`.
@@ -101,7 +104,8 @@ class Var(Generic[_T]):
             hint = empty_hint(self.name, text, f"the default ({self.unset})")
             msg = f"{self.name}={text!r} is not valid: expected {self.accepts}. {hint}"
         else:
-            msg = f"{self.name}={self.shown(text)!r} is not valid: expected {self.accepts} (unset it for the default: {self.unset})"
+            why = f"{reason}. Expected" if reason else "expected"
+            msg = f"{self.name}={self.shown(text)!r} is not valid: {why} {self.accepts} (unset it for the default: {self.unset})"
         return self.error(msg)
 
     def __repr__(self) -> str:
@@ -175,37 +179,12 @@ def _tune_mode(text: str) -> str:
     return "stale" if switch(t) else "off"
 
 
-REMOTE_FORMS = "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or rediss://... (TLS), as redis-py's from_url takes them"
-
-
-def redact_url(text: str) -> str:
-    """``text`` with the password of a URL's ``user:password@`` replaced by ``***`` (for messages, ``doctor``, ``show``)."""
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        return text
-    netloc, slash, tail = rest.partition("/")
-    user, at, host = netloc.rpartition("@")
-    if not at or not user:
-        return text
-    name, colon, _password = user.partition(":")
-    return f"{scheme}://{name}{':***' if colon else ''}@{host}{slash}{tail}"
+REMOTE_FORMS = _storeurl.FORMS
 
 
 def _remote_url(text: str) -> str | None:
-    """A ``redis://`` or ``rediss://`` URL naming a host (port, database number and query optional); ``""`` is none."""
-    from urllib.parse import urlsplit
-
-    t = text.strip()
-    if not t:
-        return None
-    u = urlsplit(t)
-    if u.scheme not in ("redis", "rediss") or not u.hostname:
-        raise ValueError(text)
-    _ = u.port  # a port that is not a number in range raises ValueError
-    db = u.path.strip("/")
-    if db and not db.isdigit():
-        raise ValueError(text)
-    return t
+    """A store URL as :func:`hwprofile._storeurl.check` accepts it (its secrets remembered for redaction); ``""`` is none."""
+    return _storeurl.check(text, REMOTE_TIMEOUT.name) if text.strip() else None
 
 
 def _seconds(text: str) -> float:
@@ -282,6 +261,13 @@ SELFTEST: Final[Var[bool]] = Var(
     "stored verdicts whose stamps match are reused, a failing kernel is disabled with one warning",
     f"one of {SWITCH_VALUES}", switch, False, unset="off: kernels are not self-tested",
 )
+VERIFY: Final[Var[bool]] = Var(
+    PREFIX + "VERIFY",
+    "verify each kernel instance against float64 on its first use on a device (warm-up or the first eager call), before it "
+    "serves a routed call; a failing instance disables its op's kernel there with one warning. off is your explicit choice: "
+    "kernels nobody checked on this GPU then serve calls",
+    f"one of {SWITCH_VALUES}", switch, True, setting="verify", unset="on: every instance without a passing verdict is verified",
+)
 TUNE: Final[Var[str]] = Var(
     PREFIX + "TUNE",
     "stale: the first profile() of a real GPU re-measures its stale or unmeasured thresholds before it returns (hwprofile.tune)",
@@ -291,7 +277,7 @@ REMOTE: Final[Var[str | None]] = Var(
     PREFIX + "REMOTE",
     "a Redis store the hosts of a fleet share cubins and tuned tables through, read after the local layers "
     "(a miss compiles or tunes here and publishes); docs/fleet.md",
-    REMOTE_FORMS, _remote_url, None, unset="none: every host compiles and tunes on its own", shown=redact_url,
+    REMOTE_FORMS, _remote_url, None, unset="none: every host compiles and tunes on its own", shown=redact,
 )
 REMOTE_TIMEOUT: Final[Var[float]] = Var(
     PREFIX + "REMOTE_TIMEOUT",
@@ -308,5 +294,5 @@ TRACEBACK: Final[Var[bool]] = Var(
 #: Every control variable, in the order docs/architecture.md lists them: every reader iterates this.
 VARS: Final[tuple[Var[Any], ...]] = (
     DEVICE, PLUGIN, PLUGIN_FORCE, DISABLE_PLUGINS, CACHE, CACHE_DIR, NO_COMPILE, CONFIG_DIR, TUNED_FILE, STRICT, DETERMINISTIC, SELFTEST,
-    TUNE, REMOTE, REMOTE_TIMEOUT, TRACEBACK,
+    VERIFY, TUNE, REMOTE, REMOTE_TIMEOUT, TRACEBACK,
 )

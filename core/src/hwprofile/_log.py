@@ -8,12 +8,38 @@ reach logging's last-resort handler. :class:`LazyLogger` does exactly that witho
 drops debug/info records while :mod:`logging` is not loaded, and hands everything else (and
 everything, once :mod:`logging` is loaded) to ``logging.getLogger(name)``. pytest's ``caplog`` and
 an engine's logging configuration see every record, as with a plain logger.
+
+Every record of a hwprofile logger passes :func:`hwprofile._redact.redact` (message and traceback)
+before any handler sees it: :class:`_Redacting`, attached to each logger this module hands records
+to, so no warning or error can print the fleet store's password.
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Any
+
+from ._redact import redact
+
+
+class _Redacting:
+    """A logging filter: the record's message (arguments applied) and traceback text, redacted."""
+
+    def filter(self, record: Any) -> bool:
+        msg = record.getMessage()
+        clean = redact(msg)
+        if clean != msg:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            import logging
+
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+_FILTER = _Redacting()
 
 
 class LazyLogger:
@@ -27,7 +53,10 @@ class LazyLogger:
     def _logger(self) -> Any:
         import logging
 
-        return logging.getLogger(self.name)
+        logger = logging.getLogger(self.name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+        return logger
 
     def _emit(self, level: str, msg: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2  # report the caller, not this wrapper

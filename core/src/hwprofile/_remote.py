@@ -1,15 +1,16 @@
 """The fleet store: a Redis server through which hosts share cubins and tuned tables. Never trusts what it reads.
 
 ``HWPROFILE_REMOTE=redis://host:port[/db]`` (``rediss://`` for TLS, ``user:password@`` for
-authentication: what redis-py's ``from_url`` takes) names it; the client, redis-py (``pip install
-'hwprofile[remote]'``), is imported only then. This module moves bytes and holds locks; it never
+authentication: what redis-py's ``from_url`` takes) names it; the client, redis-py (the ``[remote]``
+extra: ``pip install './core[remote]'``, :func:`install`), is imported only then. This module moves bytes and holds locks; it never
 decides whether a value is good: callers verify every value exactly as they verify a file of theirs
 (:func:`hwprofile.kernels.cache.read_remote` through the cache's ``decode``, :func:`hwprofile.tuning.decode_tuned`
 through the tuned-file checks), and a value that fails is skipped with one warning.
 
 * **Keys** are versioned and namespaced (:data:`NAMESPACE`): ``hwprofile:1:cubin:<portable cache key>``
   and ``hwprofile:1:tuned:<device SKU>:<plugin>:<op>``; the fleet's tuning lock is
-  ``hwprofile:1:lock:tune:<device SKU>:<plugin>``. The cache key already hashes every compile input;
+  ``hwprofile:1:lock:tune:<device SKU>:<plugin>``, its compile lock of one cubin
+  ``hwprofile:1:lock:compile:<portable cache key>``. The cache key already hashes every compile input;
   a tuned value carries its stamp, judged by the stamp comparison a tuned file gets.
 * **Bounded reads**: a value longer than the caller's limit is never transferred (a server-side
   script answers its length instead) and counts as rejected, with one warning.
@@ -17,7 +18,8 @@ through the tuned-file checks), and a value that fails is skipped with one warni
   ``HWPROFILE_REMOTE_TIMEOUT`` and no retry; the first fault is one warning, after which this
   process is local-only (no further connection) until ``hwprofile.reset()``.
 * **Publishing is best effort**: a failed write is the same one warning; the value was used locally anyway.
-* **The lock** (:class:`FleetLock`): ``SET key token NX PX ttl``, renewed by its holder every third of
+* **The locks** (:class:`FleetLock`; one per SKU and plugin for tuning, one per cubin for compiling):
+  ``SET key token NX PX ttl``, renewed by its holder every third of
   the ttl, released by a compare-and-delete script (only the holder's token); a killed holder's lock
   expires after :data:`LOCK_TTL_S`.
 
@@ -35,6 +37,7 @@ from typing import Any
 
 from . import _env, _state
 from ._log import get_logger
+from ._redact import redact
 
 log = get_logger(__name__)
 
@@ -45,7 +48,7 @@ NAMESPACE = f"hwprofile:{SCHEMA}"
 MAX_CUBIN_BYTES = 64 << 20
 #: How long a fleet lock lives without its holder renewing it: what a killed holder costs the others.
 LOCK_TTL_S = 30.0
-KINDS = ("cubin", "tuned")
+KINDS = ("cubin", "tuned", "verdict")
 
 # GET unless the value is longer than ARGV[1]: then its length (never transferred). nil when absent.
 _BOUNDED_GET = """
@@ -75,6 +78,27 @@ def tuned_key(device: str, plugin: str, op: str) -> str:
 
 def tune_lock_key(device: str, plugin: str) -> str:
     return f"{NAMESPACE}:lock:tune:{slug(device)}:{slug(plugin)}"
+
+
+def compile_lock_key(key: str) -> str:
+    """The fleet's compile lock of one cubin (its portable cache key): one host compiles it, the others read what it publishes."""
+    return f"{NAMESPACE}:lock:compile:{key}"
+
+
+def verify_lock_key(digest_key: str) -> str:
+    """The fleet's lock of one kernel instance's verification (its verdict key): one host checks it, the others read the verdict."""
+    return f"{NAMESPACE}:lock:verify:{digest_key.rsplit(':', 1)[-1]}"
+
+
+#: How long a host waits for another host's check of the same kernel instance before checking it itself (seconds).
+VERIFY_WAIT_S = 60.0
+VERIFY = ("verifying the same kernel instance on another host", "its verdict")
+#: How long a host waits for another host's compile of the same cubin before compiling it itself (seconds): a live
+#: holder renews its lock, so this bounds only a compile that hangs; a dead one costs :data:`LOCK_TTL_S`.
+COMPILE_WAIT_S = 600.0
+#: What a fleet lock is for, in the words its messages use: (what the holder does, what the others wait for).
+TUNE = ("tuning the same SKU on another host", "its tables")
+COMPILE = ("compiling the same kernel on another host", "its cubin")
 
 
 class _Counters:
@@ -112,7 +136,7 @@ class Store:
     def __init__(self, url: str, timeout_s: float, client: Any) -> None:
         self.url, self.timeout_s, self.client = url, timeout_s, client
         #: The URL with its password hidden: what messages, counters and ``show`` name.
-        self.shown = _env.redact_url(url)
+        self.shown = redact(url)
         self._get = client.register_script(_BOUNDED_GET)
         self._release = client.register_script(_RELEASE)
         self._renew = client.register_script(_RENEW)
@@ -134,8 +158,11 @@ class Store:
             self.shown, _env.REMOTE.name, what, _down, self.timeout_s,
         )
 
-    def get_many(self, kind: str, keys: Sequence[str], limit: int) -> dict[str, bytes]:
-        """The values of ``keys`` no longer than ``limit`` bytes (absent ones left out; longer ones rejected with a warning)."""
+    def get_many(self, kind: str, keys: Sequence[str], limit: int, *, count: bool = True) -> dict[str, bytes]:
+        """The values of ``keys`` no longer than ``limit`` bytes (absent ones left out; longer ones rejected with a warning).
+
+        ``count``: note misses and rejections in the counters (off for a second look at a value already counted).
+        """
         if not keys or _down is not None:
             return {}
         try:
@@ -149,14 +176,17 @@ class Store:
         out: dict[str, bytes] = {}
         for key, value in zip(keys, got, strict=True):
             if value is None:
-                _counters.note(kind, "misses")
+                if count:
+                    _counters.note(kind, "misses")
             elif isinstance(value, Exception):
-                _counters.note(kind, "rejected")
+                if count:
+                    _counters.note(kind, "rejected")
                 _warn_once(
                     f"type:{key}", "hwprofile: remote %s entry %s in %s cannot be read (%s); it is skipped", kind, key, self.shown, value,
                 )
             elif isinstance(value, int):
-                _counters.note(kind, "rejected")
+                if count:
+                    _counters.note(kind, "rejected")
                 _warn_once(
                     f"size:{key}", "hwprofile: remote %s entry %s in %s is %d bytes, over the %d-byte limit; it is not read",
                     kind, key, self.shown, value, limit,
@@ -165,8 +195,8 @@ class Store:
                 out[key] = bytes(value)
         return out
 
-    def get(self, kind: str, key: str, limit: int) -> bytes | None:
-        return self.get_many(kind, [key], limit).get(key)
+    def get(self, kind: str, key: str, limit: int, *, count: bool = True) -> bytes | None:
+        return self.get_many(kind, [key], limit, count=count).get(key)
 
     def put(self, kind: str, key: str, value: bytes) -> bool:
         """Store ``value`` under ``key`` (best effort: a fault is the one warning, then local-only)."""
@@ -188,18 +218,20 @@ class Store:
         info = self.client.info("server")
         return {"version": str(info.get("redis_version", "?")), "ms": round(ms, 2)}
 
-    def lock(self, key: str, ttl_s: float | None = None) -> FleetLock:
-        return FleetLock(self, key, LOCK_TTL_S if ttl_s is None else ttl_s)
+    def lock(self, key: str, ttl_s: float | None = None, purpose: tuple[str, str] = TUNE, *, quiet: bool = False) -> FleetLock:
+        """The fleet lock ``key`` (:data:`TUNE` or :data:`COMPILE` says what for); ``quiet``: a wait is logged at info, not warning."""
+        return FleetLock(self, key, LOCK_TTL_S if ttl_s is None else ttl_s, purpose, quiet=quiet)
 
 
 class FleetLock:
     """One holder across the fleet: ``SET NX PX`` with a token, renewed while held, released only by its holder."""
 
-    def __init__(self, store: Store, key: str, ttl_s: float) -> None:
+    def __init__(self, store: Store, key: str, ttl_s: float, purpose: tuple[str, str] = TUNE, *, quiet: bool = False) -> None:
         import secrets
         import socket
 
         self.store, self.key, self.ttl_ms = store, key, max(1, int(ttl_s * 1e3))
+        self.purpose, self.quiet = purpose, quiet
         self.token = f"pid {os.getpid()} on {socket.gethostname()} ({secrets.token_hex(4)})"
         #: Whether :meth:`acquire` found the lock held by another and waited.
         self.waited = False
@@ -216,7 +248,7 @@ class FleetLock:
                 return True
             got = self.store.client.get(self.key)
         except Exception as exc:  # noqa: BLE001 - a store fault: the caller proceeds alone
-            self.store._fault("taking the fleet tuning lock", exc)
+            self.store._fault(f"taking the fleet lock {self.key}", exc)
             return None
         self.holder = got.decode(errors="replace") if isinstance(got, bytes) else str(got or "")
         return False
@@ -239,9 +271,9 @@ class FleetLock:
                 return True
             if not self.waited:
                 self.waited = True
-                log.warning(
-                    "hwprofile: %s is held in the remote store %s by %s (tuning the same SKU on another host); waiting up to %.0f s "
-                    "for its tables", self.key, self.store.shown, self.holder or "another process", timeout_s,
+                (log.info if self.quiet else log.warning)(
+                    "hwprofile: %s is held in the remote store %s by %s (%s); waiting up to %.0f s for %s",
+                    self.key, self.store.shown, self.holder or "another process", self.purpose[0], timeout_s, self.purpose[1],
                 )
             left = deadline - time.monotonic()
             if left <= 0:
@@ -253,7 +285,8 @@ class FleetLock:
         while not self._stop.wait(self.ttl_ms / 3e3):
             try:
                 if not self.store._renew(keys=[self.key], args=[self.token, self.ttl_ms]):
-                    log.warning("hwprofile: the fleet lock %s expired while this process held it; another host may tune too", self.key)
+                    log.warning("hwprofile: the fleet lock %s expired while this process held it; another host may do the same work",
+                                self.key)
                     return
             except Exception:  # noqa: BLE001 - the lock then expires: at worst a duplicate tuning, never a wrong table
                 return
@@ -267,7 +300,7 @@ class FleetLock:
                 try:
                     self.store._release(keys=[self.key], args=[self.token])
                 except Exception as exc:  # noqa: BLE001 - the lock expires by itself
-                    self.store._fault("releasing the fleet tuning lock", exc)
+                    self.store._fault(f"releasing the fleet lock {self.key}", exc)
 
 
 _store: Store | None = None
@@ -275,7 +308,11 @@ _down: str | None = None  # why the store is not used in this process (a fault, 
 _state_lock = threading.Lock()
 _warned: set[str] = set()
 
-INSTALL = "pip install 'hwprofile[remote]'"
+def install() -> str:
+    """The command that installs the ``[remote]`` extra (redis-py), from where hwprofile came (never by bare name)."""
+    from ._install import hwprofile_extra
+
+    return hwprofile_extra("remote")
 
 
 def _warn_once(what: str, msg: str, *args: Any, error: bool = False) -> None:
@@ -306,14 +343,22 @@ def store(environ: Mapping[str, str] | None = None) -> Store | None:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
     except ImportError:
-        _down = f"the redis package is not installed ({INSTALL})"
+        _down = f"the redis package is not installed ({install()})"
         _warn_once(
             "import", "hwprofile: %s names a remote store, but its client, the redis package, is not installed: %s. Until then "
-            "kernels and tuned tables stay local", _env.REMOTE.name, INSTALL, error=True,
+            "kernels and tuned tables stay local", _env.REMOTE.name, install(), error=True,
         )
         return None
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
-    made = Store(url, timeout, client)
+    try:  # the URL was checked when read (hwprofile._storeurl); a client that still refuses it is a store fault, never a raise
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        made = Store(url, timeout, client)
+    except Exception as exc:  # noqa: BLE001 - profile() and show must not fail on the store
+        _down = f"the redis client refused the URL: {type(exc).__name__}: {exc}"
+        _warn_once(
+            "client", "hwprofile: %s=%s: %s; kernels and tuned tables stay local. Fix the URL (docs/fleet.md)",
+            _env.REMOTE.name, redact(url), _down, error=True,
+        )
+        return None
     with _state_lock:
         _store = made
     return made
@@ -327,7 +372,7 @@ def status(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
         return {"url": "?", "state": f"refused: {exc}", **counters()}
     if url is None:
         return None
-    return {"url": _env.redact_url(url), "state": "not used: " + _down if _down is not None else "in use", **counters()}
+    return {"url": redact(url), "state": "not used: " + _down if _down is not None else "in use", **counters()}
 
 
 def describe(st: Mapping[str, Any]) -> str:

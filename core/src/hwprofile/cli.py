@@ -17,6 +17,7 @@ from . import _env
 from ._cli_common import _fmt, _profile, _sm
 from ._cli_compile import cmd_cache, cmd_compile
 from ._cli_sweep import cmd_sweep, cmd_tune
+from ._redact import redacted_output
 from ._text import table
 from .errors import DeviceError, HwprofileError
 from .optable import TABLE
@@ -33,10 +34,11 @@ def show_document(prof: Any) -> dict[str, Any]:
     ``stats`` are the dispatch counters of the process that prints them: ``{}`` from the ``hwprofile``
     program (no op ran there), real counts when an engine calls ``main(["show", "--json"])`` itself.
     """
-    from . import _remote
+    from . import _remote, _verdicts
     from ._version import __version__
 
     doc = {"format": SHOW_FORMAT, "hwprofile": __version__, **prof.as_dict()}
+    doc["verification"] = _verdicts.summary(prof)  # per op with a kernel: on/off and who decided, verdicts passed and failed
     remote = _remote.status()
     if remote is not None:  # the fleet store (HWPROFILE_REMOTE): its URL, password hidden, and this process's counters
         doc["remote"] = remote
@@ -80,9 +82,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         ]
         print(table(rows, ["env default", "value", "state", "from"]))
     if prof.kernels:
+        from . import _verdicts
+
         print()
-        rows = [[op, s.plugin, s.source, str(len(s.instances))] for op, s in prof.kernels.items()]
-        print(table(rows, ["kernel", "plugin", "source", "instances"]))
+        checked = _verdicts.summary(prof)
+        rows = [[op, s.plugin, s.source, str(len(s.instances)), _verdicts.summary_text(checked[op])] for op, s in prof.kernels.items()]
+        print(table(rows, ["kernel", "plugin", "source", "instances", "verified on this device (float64)"]))
     if prof.stats.counts:  # only when an engine calls main(["show"]) in its own process
         print()
         rows = [[op, str(c["kernel"]), str(c["fallback"])] for op, c in sorted(prof.stats.counts.items())]
@@ -391,10 +396,13 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         raise HwprofileError(f"--shape {args.shape!r}: write it as MxNxK with integers (e.g. 1x4096x7168)") from None
     if min(m, n, k) < 0:
         raise HwprofileError(f"--shape {args.shape!r}: M, N and K must be >= 0")
+    from .ops import _verify
+
     d = decide(args.key, prof, m=m, n=n, k=k)
+    checked = _verify.states(prof, d.op, m, n, k) if d.path == "kernel" or d.gate == "failed" else []
     if args.json:
         doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason,
-               "kernel_us": d.kernel_us, "fallback_us": d.fallback_us}
+               "kernel_us": d.kernel_us, "fallback_us": d.fallback_us, "verification": checked}
         print(json.dumps(doc, indent=2))
         return 0
     what = _BASIS_WORDS.get(d.basis, d.basis)
@@ -405,6 +413,8 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
         fb = "-" if d.fallback_us is None else f"{d.fallback_us:.3g} µs"
         print(f"  {how}: kernel {kern}, fallback {fb}")
     print(f"  {d.reason}")
+    for line in checked:
+        print(f"  verification: {line}")
     return 0
 
 
@@ -452,7 +462,7 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     for p in written:
         print(f"wrote {p}")
     target = args.target or "sm_" + args.capability.replace(".", "")
-    print(scaffold.hint(directory, target))
+    print(scaffold.hint(directory, target, family=args.family))
     return 0
 
 
@@ -567,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--regret-plot", type=_user_path, help="where --report writes its plot (default: samples/<op>-regret.png beside the tuned file)"
     )
     s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
-    s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
+    s.add_argument("--ties", choices=["fallback", "kernel"], default="kernel", help="who gets a near tie (kernel: fewer parts)")
     s.add_argument("--output", type=_user_path, help="tuned file to write (default: this device's tuned directory)")
     s.add_argument("--plot", type=_user_path, help="PNG of latency against M or N with the threshold marked")
     s.set_defaults(fn=cmd_sweep)
@@ -583,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--all", action="store_true", help="re-measure every op that has a kernel, stale or not")
     s.add_argument("--ops", help="only these ops (comma list)")
     s.add_argument("--reps", type=_positive_int, default=15, help="timed graph replays per point (median)")
-    s.add_argument("--ties", choices=["fallback", "kernel"], default="fallback", help="who gets a tie within the noise")
+    s.add_argument("--ties", choices=["fallback", "kernel"], default="kernel", help="who gets a near tie (kernel: fewer parts)")
     s.set_defaults(fn=cmd_tune)
     s = sub.add_parser("new-plugin", help="scaffold an architecture plugin package")
     s.add_argument("name", help="plugin name, e.g. sm89 (distribution hwprofile-<name>)")
@@ -621,7 +631,8 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
         sys.stdout = closed  # print() writes here, argparse's --version and --help too
     restore = _render_unencodable(sys.stdout)
     try:
-        code = _main(argv, program=program)
+        with redacted_output():  # every line printed passes the one redaction (the store's password)
+            code = _main(argv, program=program)
     except SystemExit as exc:  # argparse's own exits (--version, --help, a usage error)
         if closed is not None and closed.written and exc.code in (0, None):
             raise SystemExit(_closed_stdout_failure()) from None

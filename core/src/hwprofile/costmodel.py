@@ -249,6 +249,37 @@ def predict(model: CostModel, measured: Mapping[Shape, tuple[float | None, float
     return Prediction(kernel, corrected(model.fallback, 1), tuple(s for _, s in near))
 
 
+class VariantChoice(NamedTuple):
+    """The kernel variant predicted fastest at one shape, and what the choice rests on."""
+
+    variant: str | None  #: a key of ``tuning.VARIANTS``; None: no measured shape names one (the profile's default)
+    weight: float  #: the share of the neighbours' weight that voted for it (1.0: unanimous or measured here)
+    neighbours: tuple[Shape, ...]  #: the measured shapes that voted (empty: none)
+
+
+def predict_variant(model: CostModel | None, variants: Mapping[Shape, str], m: int, n: int, k: int) -> VariantChoice:
+    """The kernel variant (split-K on or off) to run at (m, n, k): the one that was faster at this very shape
+    if it was measured, else the inverse-square-distance weighted vote of the ``near`` nearest measured shapes
+    that name a variant (the local correction's distance: N weighs ``n_weight`` x, since N decides the grid and
+    so whether splitting K fills the SMs). ``variants``: shape -> the faster variant there (``<op>.measured``'s
+    ``@variant``). A tie in the vote goes to the variant of the nearest shape. Without a model the defaults
+    (:data:`NEAR`, :data:`N_WEIGHT`) weigh the distance."""
+    shape = (m, n, k)
+    if shape in variants:
+        return VariantChoice(variants[shape], 1.0, (shape,))
+    if not variants:
+        return VariantChoice(None, 0.0, ())
+    probe = model if model is not None else CostModel("", None, PathFit(0.0, [(0, 1.0)]))
+    near = sorted(((_distance(probe, shape, s), s) for s in variants), key=lambda x: (x[0], x[1]))[: max(probe.near, 1)]
+    votes: dict[str, float] = {}
+    for dist, s in near:
+        votes[variants[s]] = votes.get(variants[s], 0.0) + 1.0 / max(dist * dist, 1e-12)
+    total = sum(votes.values())
+    first = variants[near[0][1]]
+    best = max(votes, key=lambda v: (votes[v], v == first))
+    return VariantChoice(best, votes[best] / total, tuple(s for _, s in near))
+
+
 # --- the setting's text --------------------------------------------------------------------------
 
 

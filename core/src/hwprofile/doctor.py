@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import _deps, _env
+from ._install import hwprofile_extra
+from ._redact import redact
 from .errors import HwprofileError
 
 #: Version of ``hwprofile doctor --json``'s layout (the ``format`` key).
@@ -118,14 +120,15 @@ def _environment(extra: set[str]) -> dict[str, str]:
     out = {}
     for k, v in sorted(os.environ.items()):
         if k.startswith(ENV_PREFIXES) or k in ENV_NAMES or k in extra:
-            out[k] = REDACTED if any(t in k.upper() for t in _SECRET) else _env.redact_url(v) if k == _env.REMOTE.name else v
+            out[k] = REDACTED if any(t in k.upper() for t in _SECRET) else redact(v)  # a URL's password, a remembered secret
     return out
 
 
 def collect() -> Report:
     """The whole report, its ``checks`` included (FAIL only for what compiling or running kernels needs and is broken)."""
-    from . import __version__, kernels
+    from . import kernels
     from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points, installed_version, natural_key
+    from ._version import __version__
     from .profiles import detect
 
     r = Report()
@@ -262,7 +265,7 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
     unloadable = _deps.absent("pluggy")  # reported once by _dependencies, not per device
     for d in det.devices:
         row = {**d.as_dict(), "plugin": None, "plugin_distribution": None, "plugin_version": None, "target": None, "fingerprint": None,
-               "tuned_dir": _tuned_dir(d), "error": None, "selftest": None}
+               "tuned_dir": _tuned_dir(d), "error": None, "selftest": None, "verification": None}
         r.devices.append(row)
         if unloadable is not None:
             row["error"] = _deps.text(unloadable)
@@ -278,6 +281,9 @@ def _profiles(det: Any, r: Report) -> tuple[list[tuple[int | None, str | None, A
                    plugin_version=p.version if p else None, target=prof.target, fingerprint=prof.fingerprint)
         out.append((d.index, prof.target, prof))
         row["selftest"] = _selftest(prof)
+        from . import _verdicts
+
+        row["verification"] = _verdicts.summary(prof) if prof.kernels else None
     if det.devices or unloadable is not None:
         return out, problems
     from ._entrypoints import natural_key
@@ -403,11 +409,11 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None, nvrtc_
     out.append(Check("nvrtc", "OK", f"NVRTC {nv[0]}.{nv[1]}, targets sm_{', sm_'.join(map(str, kernels.nvrtc_archs()))}"))
     cudart, problem = kernels.cuda_headers()
     if problem:
-        out.append(Check("headers", "FAIL", problem, f"pip install 'hwprofile[cu{nv[0]}]'"))
+        out.append(Check("headers", "FAIL", problem, hwprofile_extra(f"cu{nv[0]}")))
     elif cudart and all(os.path.isfile(os.path.join(cudart, h)) for h in ("cuda_bf16.h", "cuda_fp8.h")):
         out.append(Check("headers", "OK", f"CUDA {nv[0]} headers (cuda_bf16.h, cuda_fp8.h) in {cudart}"))
     else:
-        out.append(Check("headers", "FAIL", f"cuda_bf16.h or cuda_fp8.h missing from {cudart}", f"pip install 'hwprofile[cu{nv[0]}]'"))
+        out.append(Check("headers", "FAIL", f"cuda_bf16.h or cuda_fp8.h missing from {cudart}", hwprofile_extra(f"cu{nv[0]}")))
     real = [d for d in det.devices if not d.simulated]
     if real:
         problem = kernels.check_driver_for_nvrtc(real[0].cuda_driver_version)
@@ -428,7 +434,7 @@ def _checks(det: Any, nv: tuple[int, int] | None, torch_cuda: str | None, nvrtc_
                     "WARN",
                     f"torch is built for CUDA {torch_cuda} but NVRTC is CUDA {nv[0]}.{nv[1]}: the kernels need a driver for CUDA {nv[0]}, "
                     "and two CUDA runtimes share the process",
-                    f"install the extra matching torch: pip install 'hwprofile[cu{tmajor}]'",
+                    f"install the extra matching torch: {hwprofile_extra(f'cu{tmajor}')}",
                 )
             )
         else:
@@ -474,11 +480,11 @@ def _remote_check() -> list[Check]:
         return [Check("remote store", "FAIL", str(exc), f"fix or unset {_env.REMOTE.name}")]
     if url is None:
         return []
-    shown = _env.redact_url(url)
+    shown = redact(url)
     store = _remote.store()
     if store is None:
         why = (_remote.status() or {}).get("state", "not used")
-        return [Check("remote store", "WARN", f"{shown}: {why}", _remote.INSTALL if "redis package" in why else "see detail")]
+        return [Check("remote store", "WARN", f"{shown}: {why}", _remote.install() if "redis package" in why else "see detail")]
     try:
         pong = store.ping()
     except Exception as exc:  # noqa: BLE001 - any fault of the store or its client is the finding
@@ -548,6 +554,13 @@ def render(r: Report) -> str:
     if verdicts:
         lines += ["self-test verdicts (hwprofile selftest; stamped per device, driver, plugin, kernel and plan):"]
         lines += [f"  cuda:{i} {v['op']}: {v['state']}" for i, v in verdicts]
+    for d in r.devices:  # kernels verified against float64 on first use (once per device, driver, plugin, kernel and plan)
+        if d.get("verification"):
+            from ._verdicts import summary_text
+
+            rows_v = d["verification"].items()
+            lines.append(f"  cuda:{d['index']} kernels verified on first use: " + "; ".join(f"{op} {summary_text(v)}" for op, v in rows_v))
+            lines += [f"    {op}: {v['first_failure']}" for op, v in rows_v if v["first_failure"]]
     lines += ["checks:"]
     for c in r.checks:
         lines.append(f"  [{c.status:>4}] {c.name}: {c.detail}" + (f"\n         fix: {c.fix}" if c.fix else ""))

@@ -1,16 +1,22 @@
 """Exceptions a user can hit. Each message says what went wrong, where, and what to do.
 
-Never imports another hwprofile module, not even for the type checker: every module imports this
-one, so any import here would put it in an import circle with all of them.
+Never imports another hwprofile module but :mod:`hwprofile._redact` (which imports none), not even for
+the type checker: every module imports this one, so any other import here would put it in an import
+circle with all of them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._redact import redact
+
 
 class HwprofileError(Exception):
-    """Base class of every error hwprofile raises on purpose."""
+    """Base class of every error hwprofile raises on purpose; its message passes :func:`hwprofile._redact.redact`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class DeviceError(HwprofileError, LookupError):
@@ -71,3 +77,19 @@ class AgreementError(HwprofileError):
         self.missing: tuple[int, ...] = missing
         #: :class:`hwprofile.distributed.RankSummary` objects.
         self.ranks: tuple[Any, ...] = ranks
+
+
+class NotWarmedError(HwprofileError):
+    """An op's first call of a shape came inside a CUDA-graph capture, and neither its kernel nor its fallback was ready.
+
+    Compiling or loading a module there, or the fallback's first cuBLAS call (``cublasCreate``),
+    would invalidate the capture; this error is raised instead, before anything reaches the stream.
+    """
+
+
+class NotVerifiedError(NotWarmedError):
+    """A kernel instance with no verdict on this device was first called inside a CUDA-graph capture.
+
+    Verifying it there would put its check into the graph; taking it unverified could record a wrong
+    kernel. Warm up (``hwprofile.ops.warmup``) or call the op once at that shape before capturing.
+    """

@@ -232,7 +232,13 @@ _ROUTER_GRID = tuple((m, n, 7168) for m in range(1, 17) for n in (256, 384))
 _LINEAR_GRID = tuple((m, n, 7168) for m in range(1, 17) for n in (256, 4096))
 _GEMV_GRID = tuple((1, n, k) for n in (2048, 4096, 7168, 12288, 16384, 28672) for k in (2048, 4096, 7168, 16384))
 # FP8: wide N too (the old fallback dequantised the whole weight, so the kernel won everywhere)
-_FP8_GRID = (*tuple((1, n, k) for n in (2048, 4096, 7168, 12288, 28672, 57344) for k in (2048, 4096, 7168)), (1, 152064, 5120))
+_FP8_GRID = (
+    *tuple((1, n, k) for n in (2048, 4096, 7168, 12288, 28672, 57344) for k in (2048, 4096, 7168)),
+    (1, 152064, 5120),
+    # M = 2..16 (the tensor-core kernel): the fewest, a middle and the most tokens of each M tile at the box's corners,
+    # so no M the kernel takes lies outside what a sweep measured
+    *tuple((m, n, k) for m in (2, 8, 9, 16) for n in (2048, 12288, 57344) for k in (2048, 7168)),
+)
 
 MM_FP32 = "torch.mm(out_dtype=torch.float32)"
 
@@ -249,6 +255,9 @@ GEMV_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
 )
 #: Router GEMMs pre-built besides the router's grid: the model catalog's (N experts 8..512 at hidden sizes
 #: 2048..7168: Mixtral, Llama-4, gpt-oss, Qwen3-MoE, GLM-4.5, DeepSeek-V3 / Kimi-K2), at the fewest and most tokens.
+#: FP8 GEMVs pre-built: the decode GEMVs at M = 1 (SIMT kernel), and at M = 2 and 16 (the tensor-core kernel's two
+#: M tiles: 8 and 16 tokens)
+FP8_GEMV_SHAPES: tuple[tuple[int, int, int], ...] = (*GEMV_SHAPES, *((m, n, k) for m in (2, 16) for _, n, k in GEMV_SHAPES))
 ROUTER_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
     (m, n, k) for m in (1, 8, 16) for n in (8, 16, 32, 128, 160, 256, 384, 512) for k in (2048, 2880, 4096, 5120, 6144, 7168)
 )
@@ -355,7 +364,8 @@ GEMV = OpDef(
 )
 FP8_GEMV = OpDef(
     "fp8_gemv",
-    "FP8 GEMV: x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16, scale per tensor ([] or [1]) or per row ([N])",
+    "FP8 GEMV: x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16, scale per tensor ([] or [1]) or per row ([N]); "
+    "the kernel takes M = 1..16",
     args=("x", "w", "scale"),
     w_dtype="float8_e4m3fn",
     out_dtype="bfloat16",
@@ -364,7 +374,7 @@ FP8_GEMV = OpDef(
         "x split into 3 e4m3 parts + one torch._scaled_mm(out_dtype=torch.float32) from 4 MiB of weight (K, N % 16 == 0), "
         "else chunked exact bf16 dequantise + torch.mm(out_dtype=torch.float32); fp32 scale"
     ),
-    max_m=1,
+    max_m=16,  # M = 1: the SIMT kernel; M = 2..16: the tensor-core kernel (one weight read for every token)
     min_n="fp8_gemv.min_n",
     max_n="fp8_gemv.max_n",
     n_multiple="fp8_gemv.n_multiple",
@@ -374,12 +384,12 @@ FP8_GEMV = OpDef(
     roof=("fp8_gemv.cublas_roof_n_min", "fp8_gemv.cublas_roof_n_max"),
     threshold="box",
     grid=_FP8_GRID,
-    prebuilt=GEMV_SHAPES,
+    prebuilt=FP8_GEMV_SHAPES,
     family=SKINNY_GEMM,
     backward=GEMM_BACKWARD,
     layer="projection",
     grads=("x",),  # an e4m3 weight and its scale are quantised, frozen: a gradient for them is refused
-    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1)", 16), _measured("fp8_gemv"), _model("fp8_gemv")),
+    settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1..16)", 16), _measured("fp8_gemv"), _model("fp8_gemv")),
 )
 
 #: every op, by name, in the order the CLI and the docs list them

@@ -188,7 +188,9 @@ class Profile(Record):
         try:
             return self.settings[key]
         except KeyError:
-            raise SettingError(f"unknown setting {key!r}; known settings: {', '.join(self.settings)}") from None
+            from .settings import unknown_key_hint
+
+            raise SettingError(f"unknown setting {key!r}; {unknown_key_hint(key, self.settings)}") from None
 
     def pending_env(self, environ: Mapping[str, str] | None = None) -> dict[str, ResolvedEnvDefault]:
         """Env defaults that :meth:`apply_env` would write now (those the user has not set)."""

@@ -507,7 +507,7 @@ def tune(
     ops: Sequence[str] | None = None,
     timer: Timer | None = None,
     reps: int = 15,
-    ties: str = "fallback",
+    ties: str = "kernel",
     group: Any = None,
     timeout: float | None = None,
     lock_timeout: float = LOCK_TIMEOUT_S,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _env
+from ._install import REPOSITORY
 from .errors import HwprofileError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
@@ -166,13 +167,7 @@ def test_kernel_compiles_for_its_target():
     assert compiled.cubin[:4] == b"\\x7fELF"
 '''
 
-FAMILY_PYPROJECT = PYPROJECT.replace(
-    "[project.entry-points", '''[project.optional-dependencies]
-# the tests subclass pytest-hwprofile's checks of a plugin on the shared kernel family
-test = ["{pytest_pin}", "pytest>=8"]
-
-[project.entry-points''',
-)
+FAMILY_PYPROJECT = PYPROJECT
 
 FAMILY_MODULE = '''"""hwprofile-{name}: the architecture plugin for compute capability {major}.{minor} ({target}), on hwprofile's
 shared skinny-GEMM family: every op of the table and the fused MoE gate, planned for the device in hand."""
@@ -242,7 +237,10 @@ HWP_SKINNY_GEMM_ENTRY_POINTS({prefix}, {prefix}::Limits)
 HWP_MOE_GATE_ENTRY_POINT({prefix}, {prefix}::Limits)
 '''
 
-FAMILY_TEST = '''"""Runs as generated once the package is installed: pip install '.[test]' && pytest tests
+FAMILY_TEST = '''"""Runs as generated once the package, pytest and pytest-hwprofile are installed (README.md says how)
+
+pytest-hwprofile comes from the hwprofile source (./pytest-hwprofile of a checkout, or its git URL), never from an
+index by name: no package of that name there is ours.
 
 The checks every plugin on hwprofile's shared kernel family runs (pytest_hwprofile.family): the plans on the
 simulated device anywhere, the kernels against float64 on your GPU (skipped without it).
@@ -275,10 +273,12 @@ README = '''# hwprofile-{name}
 
 hwprofile architecture plugin for compute capability {major}.{minor} (NVRTC target `{target}`).
 Compiling its kernels needs NVRTC: hwprofile installed with its `[cu13]` (CUDA 13 driver, 580+) or
-`[cu12]` (CUDA 12 driver) extra.
+`[cu12]` (CUDA 12 driver) extra, from where you installed hwprofile (`pip install './core[cu13]'` in
+its checkout). The tests need pytest{tests_need}.
 
     pip install ./
     hwprofile show --simulate {device}
+    pip install 'pytest>=8'{tests_install}
     python -m pytest tests
     hwprofile compile --arch {target}
 '''
@@ -290,10 +290,7 @@ def files(name: str, capability: str, target: str | None = None, *, family: bool
     if not _NAME.match(name) or len(name) > _MAX_NAME:
         shown = name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "..."
         raise HwprofileError(f"plugin name {shown!r} is invalid: use at most {_MAX_NAME} lower-case letters, digits and _ (e.g. sm89)")
-    m = re.fullmatch(r"(\d+)\.(\d)", capability.strip())
-    if not m:
-        raise HwprofileError(f"--capability {capability!r} is invalid: write major.minor, e.g. 8.9")
-    major, minor = int(m.group(1)), int(m.group(2))
+    major, minor = _capability(capability)
     target = target or f"sm_{major}{minor}"
     if not _TARGET.match(target):
         raise HwprofileError(f"--target {target!r} is invalid: write sm_XY or sm_XYa, e.g. sm_89 or sm_90a")
@@ -310,7 +307,8 @@ def files(name: str, capability: str, target: str | None = None, *, family: bool
             f"--family needs compute capability 9.0 or later (the family's kernels use thread-block clusters), got {major}.{minor}; "
             "leave --family out for a plugin with a kernel of its own"
         )
-    from . import __version__, catalog
+    from . import catalog
+    from ._version import __version__
 
     base_key, base = _nearest(catalog, (major, minor))
     cmaj, cmin = (int(x) for x in __version__.split(".")[:2])
@@ -322,7 +320,10 @@ def files(name: str, capability: str, target: str | None = None, *, family: bool
         "memory_bytes": base.memory_bytes, "sm_count": base.sm_count, "l2_cache_bytes": base.l2_cache_bytes,
         "smem": base.max_shared_memory_per_block_optin, "bus": base.memory_bus_width_bits, "sm_clock": base.max_sm_clock_mhz,
         "mem_clock": base.max_memory_clock_mhz, "prefix": f"hwp_{name}",
-        "pytest_pin": f"pytest-hwprofile>={cmaj}.{cmin}.0,<{cmaj}.{cmin + 1}",
+        "tests_need": " and pytest-hwprofile (from the hwprofile source: never `pip install pytest-hwprofile` from an index)"
+        if family else "",
+        "tests_install": " ./pytest-hwprofile   # in the hwprofile checkout; or its git URL, "
+        f"'pytest-hwprofile @ git+{REPOSITORY}#subdirectory=pytest-hwprofile'" if family else "",
     }
     if family:
         return {
@@ -350,12 +351,65 @@ def _nearest(catalog: Any, cc: tuple[int, int]) -> tuple[str, Any]:
     return "generic", entry
 
 
-def hint(directory: Path, target: str) -> str:
-    """The next commands, runnable as printed: a path pip cannot mistake for a package name on an index."""
+#: The lowest compute capability NVRTC 12 and 13 compile for.
+MIN_CAPABILITY = (7, 5)
+
+
+def _capability(text: str) -> tuple[int, int]:
+    """``"8.9"`` -> ``(8, 9)``: a compute capability a plugin can be built for, else an error saying which are."""
+    m = re.fullmatch(r"(\d+)\.(\d)", text.strip())
+    if not m:
+        raise HwprofileError(f"--capability {text!r} is invalid: write major.minor, e.g. 8.9")
+    cc = int(m.group(1)), int(m.group(2))
+    ask = "give your GPU's own (nvidia-smi --query-gpu=compute_cap --format=csv)"
+    if cc < MIN_CAPABILITY:
+        raise HwprofileError(
+            f"--capability {cc[0]}.{cc[1]} is no GPU a plugin can be built for: NVRTC compiles for compute capability "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]}) and later; {ask}"
+        )
+    try:
+        from .kernels import toolchain
+
+        known, v = toolchain.nvrtc_archs(), toolchain.nvrtc_version()
+    except Exception:  # noqa: BLE001 - no NVRTC here: only the lower bound can be checked
+        return cc
+    if cc[0] * 10 + cc[1] not in known:
+        names = ", ".join(f"{a // 10}.{a % 10}" for a in known)
+        raise HwprofileError(
+            f"--capability {cc[0]}.{cc[1]} is no GPU the installed NVRTC {v[0]}.{v[1]} knows (it compiles for {names}), so "
+            f"a plugin for it could build no kernel; {ask}, or install a newer NVRTC if the GPU is newer than it"
+        )
+    return cc
+
+
+def claimed_by(capability: tuple[int, int]) -> str | None:
+    """The installed architecture plugin (its label) that already claims exact ``capability``, or ``None``."""
+    from .profiles import registry
+
+    for p in registry().plugins.values():
+        if p.arch is not None and capability in p.arch.targets:
+            return f"{p.name} ({p.label}: {p.arch.description or 'its ArchSpec'})"
+    return None
+
+
+def hint(directory: Path, target: str, *, family: bool = False) -> str:
+    """The next commands, runnable as printed in this environment (the README's venv has no pytest, nor
+    pytest-hwprofile, which ``--family`` tests need): a path pip cannot mistake for a package name on an
+    index, and what the tests need that is not installed here: pytest from the index (a public
+    project), pytest-hwprofile from where hwprofile came (:mod:`hwprofile._install`), never by bare name.
+    """
+    import importlib.util
+
+    from ._install import requirement
+
     d = str(directory)
     if not (d.startswith(("/", "./", "../", "~"))):
         d = "./" + d
-    return f"next: pip install {d} && python -m pytest {d}/tests && hwprofile compile --arch {target}"
+    need = [] if importlib.util.find_spec("pytest") is not None else ["'pytest>=8'"]
+    if family and importlib.util.find_spec("pytest_hwprofile") is None:
+        need.append(requirement("pytest-hwprofile"))
+    tools = f"pip install {' '.join(need)} && " if need else ""
+    return f"next: {tools}pip install {d} && python -m pytest {d}/tests && hwprofile compile --arch {target}"
 
 
 def name_taken(name: str) -> str | None:
@@ -414,6 +468,14 @@ def write(directory: Path, name: str, capability: str, target: str | None = None
             f"plugin name {name!r} is taken: {taken}. A scaffold named {name} would be distribution hwprofile-{name} and "
             f"module hwprofile_{name}, and installing it would replace or clash with that plugin. "
             f"Choose a name of your own (e.g. my{name}); to change that plugin itself, edit its source instead"
+        )
+    cc = _capability(capability)
+    owner = claimed_by(cc)
+    if owner is not None:
+        raise HwprofileError(
+            f"compute capability {cc[0]}.{cc[1]} is already claimed by the installed plugin {owner}: with both installed, every "
+            f"profile() of such a GPU fails (two plugins claim it). To replace that plugin, uninstall it first; to serve "
+            f"another GPU, give its --capability"
         )
     directory = Path(directory)
     _check_free(directory)

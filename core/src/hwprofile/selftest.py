@@ -19,14 +19,12 @@ torch and the GPU. CPU tests pass a fake.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from . import _files
+from . import _verdicts
 from ._log import get_logger
 from .errors import HwprofileError
 from .optable import OPS, TENSOR_SCALE
@@ -38,11 +36,11 @@ if TYPE_CHECKING:
 
 log = get_logger("hwprofile.selftest")
 
-#: Version of the verdict file's layout.
-FORMAT: Final = 1
-#: Largest relative error (float64 reference, Frobenius norm) a kernel may show, by output dtype:
-#: fp32 output accumulates in fp32 over K <= 2^20 terms; bf16 output rounds to 8 bits of mantissa.
-TOLERANCE: Final = {"float32": 1e-4, "bfloat16": 1e-2}
+FORMAT = _verdicts.FORMAT
+TOLERANCE = _verdicts.TOLERANCE
+Verdict = _verdicts.Verdict
+read = _verdicts.read
+write = _verdicts.write
 
 
 @dataclass(frozen=True)
@@ -58,6 +56,10 @@ class Case:
     def instance(self) -> str:
         return self.plan.name_expression
 
+    @property
+    def key(self) -> _verdicts.Key:
+        return (self.op, self.plan.name_expression, self.shape)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -66,25 +68,6 @@ class Outcome:
     ok: bool
     rel_error: float | None = None
     error: str = ""
-
-
-@dataclass
-class Verdict:
-    """One instance's stamped result (what the verdict file holds per instance)."""
-
-    op: str
-    instance: str
-    stamp: dict[str, Any]
-    ok: bool
-    rel_error: float | None
-    error: str
-    shape: tuple[int, int, int]
-    date: str
-    fresh: bool = False  #: run in this call (False: read from the file, its stamp matching)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "instance": self.instance, "stamp": self.stamp, "ok": self.ok, "rel_error": self.rel_error,
-                "error": self.error, "shape": list(self.shape), "date": self.date}
 
 
 @dataclass
@@ -128,67 +111,13 @@ def cases(prof: Profile) -> list[Case]:
 
 
 def stamp(prof: Profile, case: Case) -> dict[str, Any]:
-    """What a verdict depends on: device SKU, driver, plugin, kernel digest, the launch plan and shape."""
-    spec = prof.kernels[case.op]
-    dev = prof.device
-    p = case.plan
-    return {
-        "format": FORMAT,
-        "device": dev.name,
-        "compute_capability": list(dev.compute_capability),
-        "driver": dev.driver_version or "",
-        "plugin": f"{spec.plugin} ({spec.distribution_version})",
-        "target": prof.target or "",
-        "kernel": spec.source_digest(),
-        "plan": f"{p.name_expression} grid={list(p.grid)} block={list(p.block)} smem={p.shared_bytes} pdl={p.pdl}",
-        "shape": list(case.shape),
-        "scale": case.scale,
-    }
+    """What a verdict depends on (:func:`hwprofile._verdicts.stamp`)."""
+    return _verdicts.stamp(prof, case.op, case.plan, case.shape, case.scale)
 
 
 def verdict_path(prof: Profile, environ: Any = None) -> Path:
     """``<config dir>/selftest/<slug of the device's name and sm>.json``: one file per device SKU."""
-    from .tuning import config_dir
-
-    info = prof.device
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{info.name} {info.sm}".lower()).strip("-")
-    return Path(config_dir(os.environ if environ is None else environ)) / "selftest" / f"{slug}.json"
-
-
-def read(path: Path) -> dict[tuple[str, str], Verdict]:
-    """The verdicts a file holds, by (op, instance); an unreadable or foreign file holds none (it is re-run, then replaced)."""
-    import json
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        log.warning("self-test verdicts %s are unreadable (%s): re-running", path, exc)
-        return {}
-    out: dict[tuple[str, str], Verdict] = {}
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        return out
-    for v in doc.get("verdicts", ()):
-        try:
-            shape = tuple(int(x) for x in v["shape"])
-            assert len(shape) == 3
-            verdict = Verdict(str(v["op"]), str(v["instance"]), dict(v["stamp"]), bool(v["ok"]),
-                              None if v["rel_error"] is None else float(v["rel_error"]), str(v["error"]),
-                              (shape[0], shape[1], shape[2]), str(v["date"]))
-        except (KeyError, TypeError, ValueError, AssertionError):
-            continue  # a malformed entry is no verdict: that instance runs again
-        out[(verdict.op, verdict.instance)] = verdict
-    return out
-
-
-def write(path: Path, verdicts: Iterable[Verdict]) -> None:
-    """Replace ``path`` by these verdicts (whole, through :func:`hwprofile._files.atomic_write`)."""
-    import json
-
-    _files.ensure_directory(path.parent, what="self-test directory")
-    doc = {"format": FORMAT, "verdicts": [v.as_dict() for v in sorted(verdicts, key=lambda v: (v.op, v.instance))]}
-    _files.atomic_write(path, json.dumps(doc, indent=1) + "\n", what="self-test verdicts")
+    return _verdicts.path_for(prof, environ)
 
 
 def stored(prof: Profile) -> tuple[list[Verdict], list[Case]]:
@@ -196,7 +125,7 @@ def stored(prof: Profile) -> tuple[list[Verdict], list[Case]]:
     have = read(verdict_path(prof))
     good, todo = [], []
     for c in cases(prof):
-        v = have.get((c.op, c.instance))
+        v = have.get(c.key)
         if v is not None and v.stamp == stamp(prof, c):
             good.append(v)
         else:
@@ -245,7 +174,7 @@ def _check(prof: Profile, runner: Runner | None, force: bool) -> tuple[Report, l
         fresh.append(Verdict(c.op, c.instance, stamp(prof, c), res.ok, res.rel_error, res.error, c.shape, date, fresh=True))
     old = read(path)
     for v in (*good, *fresh):
-        old[(v.op, v.instance)] = v
+        old[v.key] = v
     return Report(prof.device.name, path, [*good, *fresh]), list(old.values())
 
 

@@ -405,7 +405,7 @@ class SettingsResolver:
         for key, raw in values.items():
             setting = self.declared.get(key)
             if setting is None:
-                raise SettingError(f"{who} sets undeclared setting {key!r}; declared settings: {', '.join(sorted(self.declared))}")
+                raise SettingError(f"{who} sets undeclared setting {key!r}; {unknown_key_hint(key, self.declared)}")
             reason, value_stamp = "", stamp
             if isinstance(raw, Value):
                 if not isinstance(raw.reason, str):
@@ -427,6 +427,7 @@ class SettingsResolver:
             var = setting.env_var
             if var in environ:
                 value = setting.parse(environ[var], origin=var)
+                _check_format(key, value, var)
                 self.chains[key].append(Layer("env", f"environment {var}", value, "set by the user"))
 
     def resolved(self) -> dict[str, ResolvedSetting]:
@@ -454,6 +455,39 @@ def apply_env_defaults(defaults: Mapping[str, ResolvedEnvDefault], environ: Muta
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _warned_vars: set[str] = set()
+
+
+def unknown_key_hint(key: str, known: Iterable[str]) -> str:
+    """What to say about an unknown setting ``key``: the closest declared one ("did you mean"), and where the list is."""
+    import difflib  # only for a typo: not on every profile()
+
+    keys = sorted(known)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}'hwprofile explain --list' lists the {len(keys)} settings: {', '.join(keys)}"
+
+
+def _check_format(key: str, value: Any, var: str) -> None:
+    """An op's ``<op>.model`` or ``<op>.measured`` text from the user's variable ``var``, parsed now (once, when
+    the variable is read) so that garbage stops ``profile()`` and ``show`` naming ``var``, not the first routed call."""
+    op, _, field = key.rpartition(".")
+    if not value or field not in ("model", "measured"):
+        return
+    from .optable import TABLE
+
+    if op not in TABLE:
+        return
+    try:
+        if field == "model":
+            from . import costmodel
+
+            costmodel.parse(op, value, where=var)
+        else:
+            from . import tuning
+
+            tuning.parse_measured(op, value, where=var)
+    except SettingError as exc:
+        raise SettingError(f"{exc}: fix {var}, or unset it for the value the other layers give {key}") from None
 
 
 def check_environment(environ: Mapping[str, str], setting_vars: Iterable[str]) -> list[str]:

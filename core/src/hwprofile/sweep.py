@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ._log import get_logger
 
@@ -38,6 +38,23 @@ class Point:
     # medians of independent passes (fresh weights each): their spread is the run-to-run noise
     kernel_passes: list[float] = field(default_factory=list)
     fallback_passes: list[float] = field(default_factory=list)
+    #: the kernel variant ``kernel_us`` holds (a key of ``tuning.VARIANTS``): the faster of those timed, or None
+    #: where one was timed (its plans do not differ, or the timer times one)
+    variant: str | None = None
+    #: every variant timed: its median over all passes (regret counts against the fastest, ``kernel_us``)
+    variant_us: dict[str, float] = field(default_factory=dict)
+
+    def take_variants(self, runs: Mapping[str | None, Sequence[Sequence[float]]]) -> None:
+        """Set the kernel's samples from each variant's passes (variant -> one list of replay times per pass): the
+        variant with the smallest median over all its samples is the kernel's time here."""
+        timed = {v: [t for p in ps for t in p] for v, ps in runs.items() if any(ps)}
+        if not timed:
+            return
+        best = min(timed, key=lambda v: (statistics.median(timed[v]), v or ""))
+        self.kernel_us = list(timed[best])
+        self.kernel_passes = [statistics.median(p) for p in runs[best] if p]
+        self.variant = best
+        self.variant_us = {v: round(statistics.median(ts), 3) for v, ts in timed.items() if v is not None}
 
     @property
     def kernel(self) -> float:
@@ -63,6 +80,7 @@ class Point:
         return max(NOISE_FLOOR, spread(self.kernel_us), spread(self.fallback_us), passes(self.kernel_passes), passes(self.fallback_passes))
 
     def as_dict(self, ties: str) -> dict[str, Any]:
+        variants = {"variant": self.variant, "variant_us": dict(self.variant_us)} if self.variant else {}  # TOML has no None
         return {
             "m": self.m,
             "n": self.n,
@@ -75,6 +93,7 @@ class Point:
             "fallback_samples": [round(x, 3) for x in self.fallback_us],
             "kernel_pass_medians": [round(x, 3) for x in self.kernel_passes],
             "fallback_pass_medians": [round(x, 3) for x in self.fallback_passes],
+            **variants,
         }
 
 
@@ -151,6 +170,23 @@ def replay_times(fn: Callable[[int], Any], calls: int, reps: int, dev: Any) -> l
     return out
 
 
+#: the rotation covers this many times the device's L2 (``GpuTimer``, benchmarks/fp8m_h200.py)
+L2_ROTATIONS: Final = 4
+
+
+def rotate_factor(l2_bytes: int) -> int:
+    """Bytes of weight copies a cold-L2 replay rotates through on a device with ``l2_bytes`` of L2."""
+    return L2_ROTATIONS * max(l2_bytes, 0)
+
+
+def l2_bytes(torch: Any, dev: Any) -> int:
+    """The L2 size of CUDA device ``dev`` (0 where torch cannot tell: no CUDA, an older torch)."""
+    try:
+        return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    except (RuntimeError, AssertionError, AttributeError):
+        return 0
+
+
 class Timer(Protocol):
     def measure(self, op: str, m: int, n: int, k: int) -> Point: ...
 
@@ -163,30 +199,53 @@ class GpuTimer:
 
         from . import ops
 
-        self.prof, self.reps, self.rotate = prof, reps, rotate_bytes
+        self.prof, self.reps = prof, reps
         self.torch, self.ops = torch, ops
         self.dev = torch.device("cuda", prof.device.index)
+        # the weight copies one replay walks through: at least 4x the device's L2, so no call finds its weight in L2
+        # (an H200's 60 MB L2 takes 240 MB; the 256 MB default covered it only by chance)
+        self.rotate = max(rotate_bytes, rotate_factor(l2_bytes(torch, self.dev)))
 
     def _graph(self, fn: Callable[[int], Any], calls: int) -> list[float]:
         return replay_times(fn, calls, self.reps, self.dev)
 
-    def measure(self, op: str, m: int, n: int, k: int, passes: int = 2) -> Point:
-        """``passes`` independent passes, each with fresh weights, so run-to-run noise is measured too."""
+    def measure(self, op: str, m: int, n: int, k: int, passes: int = 3) -> Point:
+        """``passes`` independent passes, each with fresh weights (new allocations, new addresses), so run-to-run
+        noise is measured too and a near tie rests on repeated measurements (:func:`decision_table`)."""
         point = Point(m, n, k)
+        runs: dict[str | None, list[list[float]]] = {}
         for _ in range(passes):
-            ks, fs = self._one_pass(op, m, n, k)
-            if ks:
-                point.kernel_us += ks
-                point.kernel_passes.append(statistics.median(ks))
+            kv, fs = self._one_pass(op, m, n, k)
+            for v, ks in kv.items():
+                runs.setdefault(v, []).append(ks)
             point.fallback_us += fs
             point.fallback_passes.append(statistics.median(fs))
+        point.take_variants(runs)
         return point
 
-    def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[list[float], list[float]]:
-        from .optable import GATES, get
+    def variants(self, op: str, m: int, n: int, k: int, scale: int | None) -> dict[str | None, bool | None]:
+        """The kernel variants worth timing at a shape (name -> ``split_k``): split-K on and off where the plugin plans
+        them differently, else one (None: the profile's ``gemv.split_k``)."""
+        from .tuning import VARIANTS
+
+        spec = self.prof.kernels.get(op)
+        if spec is None:
+            return {None: None}
+        try:
+            extra = {} if scale is None else {"scale": scale}
+            plans = {v: spec.configure(m=m, n=n, k=k, split_k=sk, **extra) for v, sk in VARIANTS.items()}
+        except (ValueError, TypeError):
+            return {None: None}
+        if len({(p.name_expression, p.grid, p.block, p.shared_bytes) for p in plans.values()}) < 2:
+            return {None: None}
+        return {v: sk for v, sk in VARIANTS.items()}
+
+    def _one_pass(self, op: str, m: int, n: int, k: int) -> tuple[dict[str | None, list[float]], list[float]]:
+        from .optable import GATES, ROW_SCALE, get
 
         if op in GATES:
-            return self._gate_pass(op, m, n, k)
+            ks, fs = self._gate_pass(op, m, n, k)
+            return {None: ks}, fs
         torch, ops = self.torch, self.ops
         d = get(op)
         fp8 = d.scaled
@@ -197,7 +256,7 @@ class GpuTimer:
         scales = [torch.rand(n, device=self.dev) + 0.5 for _ in ws] if fp8 else None
         x = torch.randn(m, k, device=self.dev).bfloat16()
         out = torch.empty(m, n, device=self.dev, dtype=getattr(torch, d.out_dtype))
-        kernel: list[float] = []
+        kernel: dict[str | None, list[float]] = {}
         kernel_ok = op in self.prof.kernels and m <= (d.max_m if isinstance(d.max_m, int) else 16)
         if kernel_ok:
             try:
@@ -206,9 +265,12 @@ class GpuTimer:
                 log.info("%s M=%d N=%d K=%d: the kernel refuses the shape (%s); timing the fallback only", op, m, n, k, exc)
                 kernel_ok = False
         if kernel_ok:
-            kernel = self._graph(
-                lambda i: ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None), copies
-            )
+            for v, sk in self.variants(op, m, n, k, ROW_SCALE if scales else None).items():
+
+                def call(i: int, sk: bool | None = sk) -> Any:
+                    return ops.run_kernel(op, out, x, ws[i], scales[i] if scales else None, split_k=sk)
+
+                kernel[v] = self._graph(call, copies)
         fallback_fn = ops.fallback(op)  # the function the op dispatches to off its kernel
         if scales is not None:
             fallback = self._graph(lambda i: fallback_fn(x, ws[i], scales[i]), copies)
@@ -283,22 +345,30 @@ def default_grid(op: str, models: Sequence[str] | None = None, model_files: Sequ
 
 
 def decision_table(points: Sequence[Point], ties: str) -> dict[tuple[int, int, int], Any]:
-    """One decision per measured shape: the path with the smaller median, with both times.
-
-    The noise rule (:func:`verdict`: a difference within the noise is a tie) is for reading a sweep's
-    table; at a measured shape the faster median is the best estimate whatever the noise: giving a
-    within-noise tie to the fallback cost up to 7 % on the H200 catalog run (gemv 1x37984x5120:
-    kernel 94.5 µs, fallback 101.4 µs, passes 8 % apart).
-    Exactly equal medians go to ``ties``.
+    """One decision per measured shape, with both times: the path faster by more than the noise
+    (:func:`verdict`), and a near tie (within the noise of the replays and of the independent passes)
+    by ``ties``: ``"kernel"`` (the default of ``hwprofile sweep`` and ``tune``) takes the kernel, the
+    path with fewer moving parts (no cuBLAS handle or workspace, nothing that differs between two
+    processes), so a decision never rests on which side of one noisy number a median fell (the H200's
+    bf16 GEMV at 128256x4096: kernel 243 µs against cuBLAS 241.7 in the shipped table and 252-281 in two
+    graph replays); ``"fallback"`` takes the faster median (giving every within-noise tie to the
+    fallback cost up to 7 % on the H200 catalog run: gemv 1x37984x5120, kernel 94.5 µs, fallback 101.4
+    µs, passes 8 % apart).
     """
     from .tuning import Measured
 
     def wins(p: Point) -> bool:
         if not p.kernel_us:
             return False
-        return p.kernel < p.fallback or (p.kernel == p.fallback and ties == "kernel")
+        v = verdict(p)
+        return v == "kernel" or (v == "tie" and (ties == "kernel" or p.kernel < p.fallback))
 
-    return {(p.m, p.n, p.k): Measured(wins(p), round(p.kernel, 3) if p.kernel_us else None, round(p.fallback, 3)) for p in points}
+    return {
+        (p.m, p.n, p.k): Measured(
+            wins(p), round(p.kernel, 3) if p.kernel_us else None, round(p.fallback, 3), p.variant if p.kernel_us else None
+        )
+        for p in points
+    }
 
 
 def run(
@@ -306,7 +376,7 @@ def run(
     op: str,
     grid: Sequence[tuple[int, int, int]],
     timer: Timer,
-    ties: str = "fallback",
+    ties: str = "kernel",
     progress: Callable[[int, int, str], None] | None = None,
     date: str | None = None,
     box: Sequence[tuple[int, int, int]] | None = None,
@@ -363,7 +433,7 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
     """Turn kernel wins that dispatch could not route (beyond the kernel's limits, its multiples or
     its plan: ``run_kernel`` runs outside them) into fallback decisions, in place; the notes say which."""
     from .ops import _dispatch
-    from .tuning import Measured, beyond_limits, measured_key, shape_text
+    from .tuning import beyond_limits, measured_key, shape_text
 
     wins = {s: d for s, d in table.items() if d.kernel}
     bad = {s: why for s in wins if (why := beyond_limits(op, s))}
@@ -371,7 +441,7 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
         r = _route_for(prof, op, {measured_key(op): ""})
         bad.update({s: why for s, why in _dispatch.untakeable(r, {s: d for s, d in wins.items() if s not in bad}, spec).items()})
     for s in bad:
-        table[s] = Measured(False, table[s].kernel_us, table[s].fallback_us)
+        table[s] = table[s]._replace(kernel=False)
     return [
         f"kernel faster at {shape_text(s)} but dispatch cannot route it there ({why}): fallback recorded" for s, why in sorted(bad.items())
     ]

@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from . import _env, _state
 from ._log import get_logger
@@ -57,9 +57,27 @@ from .stamps import fallback_identity as fallback_identity
 from .stamps import shape_text as shape_text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._registry_records import Selection
     from .device import DeviceInfo
-    from .settings import ResolvedSetting, SettingsResolver
+
+
+class SettingsResolver(Protocol):
+    """What tuned files are added to: ``settings.SettingsResolver``. A protocol, so that this module imports no
+    settings (settings parses ``<op>.measured`` with :func:`parse_measured`: a circle, type-checking imports counted)."""
+
+    def add(self, kind: Any, source: str, values: Mapping[str, Any] | None, *, who: str,
+            check: Callable[[str, Stamp], str] | None = None, stamp: Stamp | None = None, drop_stale: bool = False) -> None: ...
+
+
+class ResolvedSetting(Protocol):
+    """What :meth:`Staleness.report` reads of the resolved ``strict`` setting (``settings.ResolvedSetting``)."""
+
+    @property
+    def value(self) -> Any: ...
+    @property
+    def winner(self) -> Any: ...
 
 log = get_logger(__name__)
 
@@ -80,6 +98,20 @@ _plans: dict[tuple[Any, ...], str] = {}  # plan_digest per (op, kernel spec iden
 @_state.on_reset
 def _forget_plans() -> None:
     _plans.clear()
+
+
+#: :attr:`Stamp.plan` of what runs now while the plan cannot be computed without the CUDA driver (a real GPU
+#: whose SM count nobody read yet): the first dispatch table compares it (:mod:`hwprofile.ops._verify`)
+PLAN_AT_LAUNCH: Final = "at-first-launch"
+PLAN_AT_LAUNCH_WHY: Final = (
+    "launch plan: compared at the first launch on this GPU (the plan needs the GPU's SM count, which only the CUDA "
+    "driver gives, and profile() never starts the driver: a forked worker must still be able to use CUDA)"
+)
+
+
+def plan_waits_for_driver(spec: Any) -> bool:
+    """Whether ``spec``'s plans need the CUDA driver still (``hwprofile.plugin.Planner`` of a real GPU, unresolved)."""
+    return getattr(getattr(spec, "configure", None), "resolved", True) is False
 
 
 def plan_digest(op: str, spec: Any, shapes: Iterable[Shape] = ()) -> str:
@@ -149,15 +181,24 @@ def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
 # kernel's limits, dispatch takes the measured path at those shapes and the model's faster predicted
 # path elsewhere, the model corrected by these times (``hwprofile.ops._dispatch.route``).
 
-MEASURED_FORMAT = "MxNxK=kernel|fallback:KERNEL_US/FALLBACK_US entries separated by '; ' (e.g. 1x4096x7168=kernel:3.1/7.2)"
+MEASURED_FORMAT = (
+    "MxNxK=kernel|fallback[@split|@nosplit]:KERNEL_US/FALLBACK_US entries separated by '; ' "
+    "(e.g. 1x4096x7168=kernel@nosplit:3.1/7.2; @VARIANT: the kernel variant that was faster there, whose time KERNEL_US is)"
+)
+
+#: the kernel variants a sweep times where their plans differ, by name: the split-K choice (``gemv.split_k``)
+VARIANTS: Final = {"split": True, "nosplit": False}
 
 
 class Measured(NamedTuple):
     """One measured shape: the path the sweep chose and both times (µs per call; ``None``: the kernel could not run it)."""
 
     kernel: bool  #: True: the kernel is taken at this shape
-    kernel_us: float | None
+    kernel_us: float | None  #: the faster variant's time where ``variant`` names one
     fallback_us: float
+    #: the kernel variant that was faster here (a key of :data:`VARIANTS`), or None: the profile's ``gemv.split_k``
+    #: (a sweep that timed one variant, or one whose variants plan alike)
+    variant: str | None = None
 
 
 def measured_key(op: str) -> str:
@@ -191,6 +232,9 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
 
         shape_s, eq, rest = entry.partition("=")
         path, colon, times = rest.partition(":")
+        path, at, variant = path.partition("@")
+        if at and variant not in VARIANTS:
+            raise bad(f"names kernel variant {variant!r}, not one of {', '.join(VARIANTS)}")
         kernel_s, slash, fallback_s = times.partition("/")
         if not (eq and colon and slash):
             raise bad("is not in the format")
@@ -217,7 +261,9 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
             why = beyond_limits(op, shape)
             if why:
                 raise bad(f"routes it to the {op} kernel, which {why}: a shape the kernel cannot take")
-        out[shape] = Measured(path == "kernel", kernel_us, fallback_us)
+        if at and kernel_us is None:
+            raise bad(f"names kernel variant {variant!r} but records no kernel time")
+        out[shape] = Measured(path == "kernel", kernel_us, fallback_us, variant if at else None)
     found = _parsed[(op, text)] = MappingProxyType(out)
     return found
 
@@ -270,9 +316,10 @@ def format_measured(table: Mapping[Shape, Measured]) -> str:
     def us(t: float | None) -> str:
         return "-" if t is None else f"{t:.3f}".rstrip("0").rstrip(".")
 
-    return "; ".join(
-        f"{shape_text(s)}={'kernel' if d.kernel else 'fallback'}:{us(d.kernel_us)}/{us(d.fallback_us)}" for s, d in sorted(table.items())
-    )
+    def path(d: Measured) -> str:
+        return ("kernel" if d.kernel else "fallback") + (f"@{d.variant}" if d.variant else "")
+
+    return "; ".join(f"{shape_text(s)}={path(d)}:{us(d.kernel_us)}/{us(d.fallback_us)}" for s, d in sorted(table.items()))
 
 
 def untakeable(op: str, table: Mapping[Shape, Measured], spec: Any) -> dict[Shape, str]:
@@ -362,6 +409,8 @@ def compare(stamp: Stamp, now: Stamp, *, real_gpu: bool) -> Comparison:
         stale.append(f"kernel source changed ({stamp.kernel[:12]} -> {now.kernel[:12]})")
     if not stamp.plan:
         unknown.append("launch plan: cannot tell (the stamp records none)")
+    elif now.plan == PLAN_AT_LAUNCH:
+        unknown.append(PLAN_AT_LAUNCH_WHY)
     elif not now.plan:
         unknown.append("launch plan: cannot tell (none to compare with here: no kernel for this op, or not computed)")
     elif stamp.plan != now.plan:
@@ -471,7 +520,10 @@ class Staleness:
             p = self.selection.plugin
             spec = self.kernels.get(op)
             digest = spec.source_digest() if spec is not None else ""
-            planned = plan_digest(op, spec, shapes) if plan and spec is not None else ""
+            planned = ""
+            if plan and spec is not None:
+                # a real GPU's plan needs its SM count, which only the driver gives: checked at the first launch
+                planned = PLAN_AT_LAUNCH if plan_waits_for_driver(spec) else plan_digest(op, spec, shapes)
             self._now[key] = current(
                 op, self.info, p.name if p else "", (p.version or "") if p else "", digest, plan=planned, shapes=shapes
             )

@@ -156,3 +156,20 @@ def test_pdl_chain_of_kernels_feeding_each_other(hwprofile_strict_gpu: Any) -> N
     g.replay()
     torch.cuda.synchronize()
     check()
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize(("m", "n", "k"), [(2, 2050, 7184), (9, 100, 16), (16, 9000, 4112), (5, 57344, 7168), (16, 128256, 4096)])
+def test_fp8_gemv_tensor_core_kernel_odd_shapes(hwprofile_strict_gpu: Any, m: int, n: int, k: int, split: bool) -> None:
+    """M = 2..16 runs hwp90_skinny_mma (kernels/sm90_fp8.cu), N and K off its tiles, split-K on and off."""
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") * 3).to(torch.float8_e4m3fn)
+    scale = torch.rand(n, device="cuda") + 0.5
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    la = launch(hwprofile_strict_gpu, "fp8_gemv", out, x, w, scale, ROW_SCALE, split=split)
+    torch.cuda.synchronize()
+    assert la.name_expression.startswith("hwp90_skinny_mma<true, __nv_bfloat16, ")
+    ref = x.double() @ (w.double() * scale.double()[:, None]).t()
+    bound = ref.abs() * 2.0**-8 + (x.double().abs() @ (w.double().abs() * scale.double()[:, None]).t()) * k * 2.0**-24
+    assert not torch.isnan(out).any()
+    assert bool(((out.double() - ref).abs() <= bound).all())

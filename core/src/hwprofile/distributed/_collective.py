@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import pickle
 import socket
 import struct
@@ -266,11 +267,42 @@ def _arrive(store: Any, key: str, me: int, ranks: Sequence[int], wait_s: float, 
     except AgreementError:
         raise
     except Exception as exc:  # a store that does not answer: say so, on every rank it happens to
+        cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        host = _rank0_store(store)
+        if host is not None and me != 0:  # the store lived in rank 0's process: rank 0 is the one gone
+            raise AgreementError(
+                f"hwprofile: check_agreement on rank {me}: rank 0 is gone (or unreachable): the job's store ({host}), which "
+                f"lives in rank 0's process (init_process_group without torchrun), stopped answering while the {size} ranks met "
+                f"({cause}). "
+                "Rank 0 exited (it crashed, raised or returned) before or during the check; its own output says why. Every "
+                "other rank raises this error; no collective was issued. Under torchrun the agent holds the store instead.",
+                missing=(0,),
+            ) from exc
         raise AgreementError(
             f"hwprofile: check_agreement on rank {me}: the process group's store did not answer while the {size} ranks met "
-            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}). The job's rendezvous "
-            "(MASTER_ADDR/MASTER_PORT, the torchrun agent, or the init_method's file) is gone or unreachable."
+            f"({cause}). The job's rendezvous (MASTER_ADDR/MASTER_PORT, the torchrun agent, or the init_method's file) is gone "
+            "or unreachable."
         ) from exc
+
+
+def _rank0_store(store: Any) -> str | None:
+    """``"HOST:PORT"`` when the group's store is a TCPStore served from rank 0's process (no torchrun agent holds it), else None.
+
+    ``init_process_group`` without torchrun (``env://``, ``tcp://``) starts the TCPStore server in rank 0; torchrun's
+    agent sets ``TORCHELASTIC_USE_AGENT_STORE=True`` and serves it from the agent, which outlives the ranks.
+    """
+    s = store
+    for _ in range(8):  # PrefixStore around the TCPStore (the default group's "default_pg" prefix)
+        inner = getattr(s, "underlying_store", None)
+        if inner is None:
+            break
+        s = inner
+    if type(s).__name__ != "TCPStore" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return None
+    try:
+        return f"a TCPStore at {s.host}:{s.port}"
+    except Exception:  # noqa: BLE001 - only for the message
+        return "a TCPStore"
 
 
 def _wait(store: Any, key: str, deadline: float) -> bool:

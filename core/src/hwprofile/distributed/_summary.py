@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from .. import __version__, _env, _state
+from .. import _env, _state
 from .._log import get_logger
 from .._record import Record, _set, final
+from .._version import __version__
 from ..errors import HwprofileError
 
 if TYPE_CHECKING:
@@ -163,10 +164,17 @@ def _nvrtc() -> tuple[str, str]:
 
 
 def _kernel_digest(spec: Any) -> str:
-    """What decides the cubin besides the target and NVRTC: source and every header, options, instances."""
-    from ..kernels import include_dirs
+    """What decides the cubin besides the target and NVRTC: source and every header, options, instances.
 
-    doc = repr((spec.package, spec.source, spec.source_digest(include_dirs()), tuple(spec.options), tuple(spec.instances)))
+    Path-free, as the kernel cache key is: an include directory in the options is a placeholder (its
+    headers are in the source digest as content), so ranks whose plugins sit under different install
+    prefixes agree.
+    """
+    from ..kernels import include_dirs
+    from ..kernels.toolchain import portable_options
+
+    doc = repr((spec.package, spec.source, spec.source_digest(include_dirs()), tuple(portable_options(spec.options)),
+                tuple(spec.instances)))
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 

@@ -226,14 +226,34 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
         return CompiledKernel(key, target, cubin, lowered, text, cached=False)
 
     def fetch_or_build() -> CompiledKernel:
-        """The fleet store after the local layers: a verified hit, else a compile published for the other hosts."""
+        """The fleet store after the local layers: a verified hit, else one compile in the fleet, published for the others.
+
+        On a miss this host takes the cubin's compile lock in the store (:func:`hwprofile._remote.compile_lock_key`, the
+        tune lock's semantics) and reads the store again under it: a host that compiled meanwhile published, and its
+        cubin is read instead. A holder alive past :data:`hwprofile._remote.COMPILE_WAIT_S`, or a store that fails, and
+        this host compiles on its own; a killed holder's lock expires after :data:`hwprofile._remote.LOCK_TTL_S`.
+        """
         store = _remote_store()
-        got = kcache.read_remote(store, key, target, exprs) if store is not None else None
-        if got is None:
-            got = build()
-            if store is not None:
+        if store is None:
+            return build()
+        got = kcache.read_remote(store, key, target, exprs)
+        if got is not None:
+            return got
+        lock = None
+        if _why_forbidden() is None:  # NO_COMPILE: build() raises; nothing to coordinate
+            lock = store.lock(_remote.compile_lock_key(key), purpose=_remote.COMPILE, quiet=True)
+            if lock.acquire(_remote.COMPILE_WAIT_S) is not True:
+                lock = None  # the store failed, or a live holder past the bound: compile here
+            else:
+                got = kcache.read_remote(store, key, target, exprs, again=True)  # published while this host waited
+        try:
+            if got is None:
+                got = build()
                 kcache.publish(store, got, doc)
-        return got
+            return got
+        finally:
+            if lock is not None:
+                lock.release()
 
     if kcache.cache_enabled():
         with kcache.open_layers(create=True) as layers:
@@ -271,7 +291,7 @@ def _remote_store() -> _remote.Store | None:
 
 def _read_layers(layers: kcache.Layers, key: str, target: str, exprs: tuple[str, ...]) -> CompiledKernel | None:
     for layer in layers.read:
-        entry = kcache.read(layer.fd, layer.path, key, target, exprs, read_only=not layer.writable)
+        entry = kcache.read(layer.fd, layer.path, key, target, exprs, read_only=not layer.writable, any_owner=layer.shipped)
         if entry is not None:
             return entry
     return None

@@ -144,10 +144,39 @@ def _refuse_if_writable_by_others(st: os.stat_result, path: Path) -> None:
         )
 
 
-def _open_checked(path: Path, create: bool, *, read_only: bool = False) -> int | None:
+class UntrustedOwnerError(CacheError):
+    """A read-only layer (or entry) owned by a user who is neither this one nor root: refused, never read."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _untrusted_owner(st: os.stat_result) -> bool:
+    """Owned by another user who is not root: that user can replace what it holds, so its cubins run their code here."""
+    return _foreign(st) and st.st_uid != 0
+
+
+def _refuse_if_untrusted_owner(st: os.stat_result, path: Path) -> None:
+    if _untrusted_owner(st):
+        raise UntrustedOwnerError(
+            f"refusing read-only kernel cache layer {path}: it is owned by {_owner(st.st_uid)}, neither you nor root, who "
+            f"can replace its cubins, and loading a cubin runs its code; have root own it (sudo chown -R root: {path}; "
+            f"chmod -R go-w {path}), or drop it from {_env.CACHE_DIR.name}"
+        )
+
+
+def _open_checked(path: Path, create: bool, *, read_only: bool = False, any_owner: bool = False) -> int | None:
     """A descriptor of directory ``path``, opened without following a link and checked; None if absent and not created.
 
-    ``read_only``: a layer that is only read may belong to another user, never be writable by group or others.
+    ``read_only``: a layer that is only read may belong to root instead of this user (a shared, root-owned
+    layer), never to another user, never be writable by group or others. ``any_owner`` (a layer an
+    installed package ships, as trusted as the package's own code beside it) drops the owner check.
     """
     fix = f"set {_env.CACHE_DIR.name} to a private directory you can write, or {_env.CACHE.name}=off"
     created = False
@@ -185,6 +214,8 @@ def _open_checked(path: Path, create: bool, *, read_only: bool = False) -> int |
         st = os.fstat(fd)
         if read_only:
             _refuse_if_writable_by_others(st, path)
+            if not any_owner:
+                _refuse_if_untrusted_owner(st, path)
         else:
             _refuse_if_shared(st, path)
     except BaseException:
@@ -269,6 +300,8 @@ class Layer:
     fd: int
     writable: bool
     origin: str
+    #: A layer an installed package ships: as trusted as the package's code beside it, whoever owns it.
+    shipped: bool = False
 
     @property
     def label(self) -> str:
@@ -337,6 +370,9 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
                 problem = str(exc)
                 try:
                     fd = _open_checked(path, False, read_only=True)
+                except UntrustedOwnerError as foreign:  # refused, not read: one warning naming the owner and the fix
+                    _warn_once(f"layer:{path}:owner", "%s; it is skipped", foreign)
+                    continue
                 except CacheError:
                     raise exc from None  # the fault of the directory meant to be written says what to fix
             if fd is None:
@@ -354,14 +390,14 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
         if shipped:
             for path, origin in shipped_layers():
                 try:
-                    fd = _open_checked(path, False, read_only=True)
+                    fd = _open_checked(path, False, read_only=True, any_owner=True)
                 except CacheError as exc:
                     _warn_once(f"layer:{path}", "kernel cache layer of %s skipped: %s", origin, exc)
                     continue
                 if fd is None:
                     _warn_once(f"layer:{path}:absent", "kernel cache layer of %s has no %s directory; it is skipped", origin, path)
                     continue
-                out.read.append(Layer(path, fd, False, origin))
+                out.read.append(Layer(path, fd, False, origin, shipped=True))
     except BaseException:
         for _p, fd, _o in opened:
             os.close(fd)
@@ -493,11 +529,14 @@ def entry_name(key: str) -> str:
     return f"{key}.cubin"
 
 
-def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str], *, read_only: bool = False) -> CompiledKernel | None:
+def read(
+    dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str], *, read_only: bool = False, any_owner: bool = False
+) -> CompiledKernel | None:
     """The valid entry of ``key``, or None (a miss; a damaged or foreign entry also warns once).
 
-    ``read_only``: a layer that is never written; its entries may belong to another user, but are
-    refused when group or others can write them, as every entry is.
+    ``read_only``: a layer that is never written; its entries may belong to root instead of this user,
+    never to another user, and are refused when group or others can write them, as every entry is.
+    ``any_owner``: a shipped layer's entry (see :attr:`Layer.shipped`), whoever owns it.
     """
     name = entry_name(key)
     then = "recompiling it" if read_only else "recompiling and replacing it"
@@ -521,12 +560,16 @@ def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str
                 then,
             )
             return None
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (not read_only and _foreign(st)):
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or (
+            (_untrusted_owner(st) and not any_owner) if read_only else _foreign(st)
+        ):
             _warn_once(
                 f"{path}:mode",
-                "kernel cache entry %s is writable by other users or owned by another user (mode %s); it is not loaded: %s",
+                "kernel cache entry %s is writable by other users or owned by another user (mode %s, owner %s); it is not "
+                "loaded: %s",
                 path,
                 stat.filemode(st.st_mode),
+                _owner(st.st_uid),
                 then,
             )
             return None
@@ -555,20 +598,24 @@ def read(dfd: int, dpath: Path, key: str, target: str, expressions: Sequence[str
     return CompiledKernel(entry.key, entry.target, entry.cubin, entry.lowered, entry.log, True, layer=layer_label(dpath, not read_only))
 
 
-def read_remote(store: _remote.Store, key: str, target: str, expressions: Sequence[str]) -> CompiledKernel | None:
+def read_remote(
+    store: _remote.Store, key: str, target: str, expressions: Sequence[str], *, again: bool = False
+) -> CompiledKernel | None:
     """The entry of ``key`` in the fleet store, verified by :func:`decode` exactly as a file is, or None.
 
     A value over :data:`hwprofile._remote.MAX_CUBIN_BYTES` is never transferred; one that fails
     :func:`decode` (corrupt, another key's, another target's, lacking an instance) is one warning and
-    a miss: the kernel is compiled here and the good entry published over it.
+    a miss: the kernel is compiled here and the good entry published over it. ``again``: a second look
+    after a miss (under the compile lock), whose miss or rejection is not counted twice.
     """
     rkey = _remote.cubin_key(key)
-    data = store.get("cubin", rkey, _remote.MAX_CUBIN_BYTES)
+    data = store.get("cubin", rkey, _remote.MAX_CUBIN_BYTES, count=not again)
     if data is None:
         return None
     entry, problem = decode(data, key, target, expressions)
     if entry is None:
-        _remote.note("cubin", "rejected")
+        if not again:  # the second look finds the value the first rejected: one value, counted once
+            _remote.note("cubin", "rejected")
         _warn_once(f"remote:{rkey}:{problem}", "remote kernel cache entry %s in %s %s; it is not loaded: compiling here and "
                    "publishing over it", rkey, store.shown, problem)
         return None

@@ -52,9 +52,11 @@ def candidates(found_by_pathfinder: str | None) -> list[str]:
 def choose(nvrtc_major: int | None, dirs: Iterable[str]) -> tuple[str | None, str | None]:
     """``(directory, problem)``: the first directory of NVRTC's CUDA major (problem ``None``), else
     the first directory at all with the mismatch in words, or ``(None, reason)`` when there is none."""
+    from .._install import hwprofile_extra
+
     dirs = list(dirs)
     if not dirs:
-        return None, "no CUDA headers (cuda_runtime_api.h) found: install nvidia-cuda-runtime (hwprofile[cu13] or [cu12])"
+        return None, f"no CUDA headers (cuda_runtime_api.h) found: install nvidia-cuda-runtime with {hwprofile_extra('cu13')} (or cu12)"
     if nvrtc_major is None:
         return dirs[0], None
     for d in dirs:
@@ -63,5 +65,5 @@ def choose(nvrtc_major: int | None, dirs: Iterable[str]) -> tuple[str | None, st
     found = ", ".join(f"{d} (CUDA {cuda_major(d)})" for d in dirs)
     return dirs[0], (
         f"NVRTC is CUDA {nvrtc_major} but the CUDA headers found are not: {found}; NVRTC {nvrtc_major} cannot compile "
-        f"against them. Install the matching runtime headers: pip install 'hwprofile[cu{nvrtc_major}]'"
+        f"against them. Install the matching runtime headers: {hwprofile_extra(f'cu{nvrtc_major}')}"
     )

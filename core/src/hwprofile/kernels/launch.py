@@ -24,7 +24,9 @@ def _driver() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:
-        raise ToolchainError(f"cuda-python is not installed ({exc}); pip install 'hwprofile[cu13]'") from None
+        from .._install import hwprofile_extra
+
+        raise ToolchainError(f"cuda-python is not installed ({exc}); {hwprofile_extra('cu13')}") from None
     return driver
 
 

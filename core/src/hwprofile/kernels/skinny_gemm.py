@@ -164,6 +164,11 @@ class Planner:
         return self._tuning
 
     @property
+    def resolved(self) -> bool:
+        """Whether the plans are known without reading the driver (a simulated device, or read already)."""
+        return self._tuning is not None
+
+    @property
     def plan_basis(self) -> str:
         return repr(self.tuning)
 
@@ -191,26 +196,71 @@ def check_shape(*, m: int, n: int, k: int, vec: int, max_m: int, what: str) -> N
         raise ValueError(f"the {what} needs K to be a multiple of {vec} (16-byte loads), got K={k}")
 
 
+#: The FP8 GEMV's tensor-core tiles at M = 2..16 (``hwprofile/skinny_fp8.cuh``): warps per block (they split the
+#: block's K range), n8 tiles per warp, and K chunks of 64 per batch by M tile. Every block reads all M x K of x
+#: (from L2, or L1 where a block beside it on the SM read it first): 2M bytes of x per weight row of the block
+#: against K bytes of weight, so 32 rows a block (4 tiles) keep x's traffic at or under the weight's at 16 tokens,
+#: where one tile (8 rows) would read 4x the weight's bytes in x. Batches: 8 tokens 4 chunks (8 KB of weight in
+#: flight per warp); 16 tokens 2 (x's registers double). Not measured yet: benchmarks/run_h200.sh fp8m times the
+#: op with them (module constants, not ArchTuning fields, so the plan digests of the bf16 ops' shipped tables do
+#: not move with them).
+FP8_MMA_WARPS: Final = 8
+FP8_MMA_NT: Final = 4
+FP8_MMA_UNROLL: Final = {1: 4, 2: 2}
+#: The largest M each kernel of the family takes: the tensor-core kernel (fp32 output, and the FP8 GEMV) 16,
+#: the bf16 GEMV's SIMT kernel 1.
+MMA_MAX_M: Final = 16
+
+
+def max_m(*, fp8: bool, out: str) -> int:
+    """The largest M the family plans for an op of these dtypes (the op table's ``max_m`` is the same number)."""
+    return MMA_MAX_M if out == "float" or fp8 else 1
+
+
+def mma_split(t: ArchTuning, *, groups: int, chunks: int, warps: int) -> int:
+    """The tensor-core kernel's split-K (cluster size) with split-K on: double it while the grid has fewer than
+    ``mma_blocks_per_sm`` blocks per SM and every warp of every rank keeps two K chunks."""
+    ksplit = 1
+    while ksplit < t.max_cluster and groups * ksplit < t.mma_blocks_per_sm * t.sm_count and chunks >= 2 * ksplit * warps:
+        ksplit *= 2
+    return ksplit
+
+
+def plan_fp8_mma(t: ArchTuning, *, m: int, n: int, k: int, scale: int, split_k: bool) -> Launch:
+    """The FP8 GEMV at M = 2..16 on the tensor cores (``<prefix>_skinny_mma<true, ...>``); a checked shape."""
+    if scale == NO_SCALE:
+        raise ValueError(f"the FP8 GEMV kernel needs a scale (per tensor or per row), got scale mode {scale} ({t.prefix})")
+    mt = 1 if m <= 8 else 2
+    groups = -(-n // (8 * FP8_MMA_NT))
+    ksplit = mma_split(t, groups=groups, chunks=-(-k // 64), warps=FP8_MMA_WARPS) if split_k else 1
+    unroll = FP8_MMA_UNROLL[mt]
+    expr = f"{t.prefix}_skinny_mma<true, __nv_bfloat16, {mt}, {FP8_MMA_WARPS}, {FP8_MMA_NT}, {ksplit}, {unroll}, {scale}>"
+    return Launch(expr, (groups, ksplit, 1), (FP8_MMA_WARPS * 32, 1, 1), 0)
+
+
 def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: int, split_k: bool) -> Launch:
     """Kernel, tiles and split-K for one call; pure, so it is tested on the CPU for every architecture.
 
     fp32 output (router GEMM, small-M linear) takes the tensor-core kernel; bf16 output at M = 1
-    (GEMV, FP8 GEMV) takes the SIMT kernel, whose row-contiguous loads stream HBM best. A shape no
-    kernel takes is a ``ValueError`` naming the limit.
+    (GEMV, FP8 GEMV) takes the SIMT kernel, whose row-contiguous loads stream HBM best; the FP8 GEMV
+    at M = 2..16 takes the FP8 tensor-core kernel (:func:`plan_fp8_mma`), which reads each weight
+    once for all M tokens. A shape no kernel takes is a ``ValueError`` naming the limit.
     """
     vec = 16 if fp8 else 8
     mma = out == "float" and not fp8
-    check_shape(m=m, n=n, k=k, vec=vec, max_m=16 if mma else 1, what="skinny-GEMM kernel" if mma else "bf16-output GEMV kernel")
+    top = max_m(fp8=fp8, out=out)
+    what = "skinny-GEMM kernel" if mma else "FP8 GEMV kernel" if fp8 else "bf16-output GEMV kernel"
+    check_shape(m=m, n=n, k=k, vec=vec, max_m=top, what=what)
     tout = "float" if out == "float" else "__nv_bfloat16"
     f8 = "true" if fp8 else "false"
+    if fp8 and m > 1:
+        if out != "bf16":
+            raise ValueError(f"the FP8 GEMV kernel writes bf16, not {out} ({t.prefix})")
+        return plan_fp8_mma(t, m=m, n=n, k=k, scale=scale, split_k=split_k)
     if mma:
         rows = 8 * t.mma_nt
         groups = -(-n // rows)
-        chunks = -(-k // 32)
-        ksplit = 1
-        if split_k:
-            while ksplit < t.max_cluster and groups * ksplit < t.mma_blocks_per_sm * t.sm_count and chunks >= 2 * ksplit * t.mma_warps:
-                ksplit *= 2
+        ksplit = mma_split(t, groups=groups, chunks=-(-k // 32), warps=t.mma_warps) if split_k else 1
         mt = 1 if m <= 8 else 2
         expr = f"{t.prefix}_skinny_mma<{f8}, {tout}, {mt}, {t.mma_warps}, {t.mma_nt}, {ksplit}, {t.mma_unroll}, {scale}>"
         return Launch(expr, (groups, ksplit, 1), (t.mma_warps * 32, 1, 1), 0)
@@ -253,8 +303,12 @@ def _doc(d: optable.OpDef) -> str:
     """A family kernel's one-line description, from the op's dtypes."""
     if d.out_dtype == "float32":
         return f"skinny GEMM on tensor cores (mma.sync), M = 1..16: {d.x_dtype} x {d.w_dtype} -> float32"
-    weights = "FP8 e4m3 weights, per-tensor or per-row scale" if d.scaled else f"{d.w_dtype} weights"
-    return f"SIMT GEMV, M = 1: {weights}, fp32 accumulation -> {d.out_dtype}"
+    if d.scaled:
+        return (
+            "FP8 e4m3 weights, per-tensor or per-row scale: SIMT GEMV at M = 1, tensor cores at M = 2..16, "
+            f"fp32 accumulation -> {d.out_dtype}"
+        )
+    return f"SIMT GEMV, M = 1: {d.w_dtype} weights, fp32 accumulation -> {d.out_dtype}"
 
 
 def prebuilt_instances(op: str, configure: Callable[..., Launch], shapes: tuple[Shape, ...] | None = None) -> tuple[str, ...]:

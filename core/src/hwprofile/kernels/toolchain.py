@@ -150,7 +150,10 @@ def check_target(target: str) -> None:
         need = MIN_NVRTC.get(target)
         v = nvrtc_version()
         hint = f"it needs NVRTC {need[0]}.{need[1]} or newer" if need else "no known NVRTC supports it"
-        raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with pip install -U 'hwprofile[cu13]'")
+        from .._install import hwprofile_extra
+
+        upgrade = hwprofile_extra("cu13", upgrade=True)
+        raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with {upgrade}")
 
 
 @dataclass(frozen=True)
@@ -186,10 +189,10 @@ class CompileOptions:
         kernels at another prefix or on another host share their entries.
         """
         fixed = [f"-I<include {i}>" for i in range(len(self.include_dirs))]
-        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *_portable(self.extra)]}
+        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *portable_options(self.extra)]}
 
 
-def _portable(options: Sequence[str]) -> list[str]:
+def portable_options(options: Sequence[str]) -> list[str]:
     """``options`` with every include directory replaced by a numbered placeholder, every forced header by its file name."""
     out: list[str] = []
     n = 0

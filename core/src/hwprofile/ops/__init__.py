@@ -64,13 +64,12 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HwprofileError
+from ..errors import HwprofileError, NotVerifiedError, NotWarmedError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE
-from . import _dispatch, _gate, _kernel, _library
+from . import _dispatch, _gate, _kernel, _library, _verify
 from ._dispatch import ENTRIES, Decision, decide, reset_dispatch, route
 from ._fallbacks import BACKWARDS, FALLBACKS
 from ._gate import decide as decide_moe_gate
-from ._kernel import NotWarmedError
 from ._pieces import missing_pieces
 from ._warmup import WarmupReport, warmup
 
@@ -78,8 +77,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotWarmedError", "WarmupReport", "decide", "decide_moe_gate", "fallback",
-    "register", "reset_dispatch", "route", "run_kernel", "warmup",
+    "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotVerifiedError", "NotWarmedError", "WarmupReport", "decide",
+    "decide_moe_gate", "fallback", "register", "reset_dispatch", "route", "run_kernel", "warmup",
 ]
 __all__ += list(TABLE)  # the public ops, one per op of the table (each defined below under the op's name)
 
@@ -211,6 +210,7 @@ def _disable_kernels(t: _dispatch._Table, reasons: Mapping[str, str], stacklevel
                       RuntimeWarning, stacklevel=stacklevel)
 
 
+_dispatch.on_new_table.append(_verify.check_deferred_plans)  # before any kernel of the table runs: what profile() could not check
 _dispatch.on_new_table.append(_check_kernels)
 
 

@@ -102,9 +102,14 @@ class _Route:
         "off",
         "op",
         "plan_problem",
+        "plan_with",
         "roof_hi",
         "roof_lo",
+        "split_default",
+        "split_fixed",
+        "splits",
         "times",
+        "variants",
         "who",
     )
 
@@ -169,6 +174,52 @@ class _Route:
         self.plan_problem: Callable[[int, int, int], str | None] = (
             lambda m, n, k: _kernel.unplannable(prof, op.name, m, n, k, split)
         )
+        self.plan_with: Callable[[int, int, int, bool], str | None] = (
+            lambda m, n, k, sk: _kernel.unplannable(prof, op.name, m, n, k, sk)
+        )
+        #: the kernel variants (split-K on / off) a sweep found faster, per measured shape; split_k() chooses by them
+        self.variants = {s: d.variant for s, d in self.measured.items() if d.variant is not None}
+        #: the profile's split-K, and whether it is fixed: the user set gemv.split_k (an explicit value is never
+        #: overridden, it changes the summation order) or nothing measured names a variant
+        self.split_default = split
+        self.split_fixed = not self.variants or ("gemv.split_k" not in over and prof.explain("gemv.split_k").winner.kind == "env")
+        #: (m, n, k) -> (split_k for the launch, or None: the profile's; the variant's name; why), memoised
+        self.splits: dict[tuple[int, int, int], tuple[bool | None, str]] = {}
+
+    def split_k(self, m: int, n: int, k: int) -> bool | None:
+        """The split-K of the kernel variant to launch at (m, n, k) (None: the profile's ``gemv.split_k``)."""
+        hit = self.splits.get((m, n, k))
+        return hit[0] if hit is not None else self._choose_split(m, n, k)[0]
+
+    def _choose_split(self, m: int, n: int, k: int) -> tuple[bool | None, str]:
+        from ..tuning import VARIANTS
+
+        default = f"split-K {'on' if self.split_default else 'off'}"
+        if self.split_fixed:
+            why = (
+                f"{default}: gemv.split_k set by the user, never overridden" if self.variants
+                else f"{default} (gemv.split_k): no measured shape names a faster variant"
+            )
+            found: tuple[bool | None, str] = (None, why)
+        else:
+            c = costmodel.predict_variant(self.model, self.variants, m, n, k)
+            assert c.variant is not None
+            sk = VARIANTS[c.variant]
+            basis = (
+                "the faster variant measured at this shape" if c.neighbours == ((m, n, k),)
+                else f"{c.weight:.0%} of the weight of the nearest measured shapes ({', '.join(map(tuning.shape_text, c.neighbours))})"
+            )
+            found = (sk, f"split-K {'on' if sk else 'off'} ({basis})")
+            if self.plan_with(m, n, k, sk) is not None:
+                found = (None, f"{default}: the measured variant's plan does not take this shape")
+        if len(self.splits) < 4096:
+            self.splits[(m, n, k)] = found
+        return found
+
+    def variant_reason(self, m: int, n: int, k: int) -> str:
+        """The kernel variant :meth:`split_k` launches at (m, n, k) and why, in words (``Decision.reason``)."""
+        hit = self.splits.get((m, n, k))
+        return (hit if hit is not None else self._choose_split(m, n, k))[1]
 
     def _check_takeable(self, spec: Any) -> None:
         """Refuse a measured kernel decision for a shape this kernel cannot take (its multiples, its plan)."""
@@ -464,9 +515,10 @@ def decide(op: str, prof: Profile, *, m: int, n: int, k: int) -> Decision:
         raise KeyError(f"no op {op!r}; known ops: {', '.join(TABLE)}")
     gate = route(r, m, n, k)
     kernel_us, fallback_us = times(r, gate, m, n, k)
-    return Decision(
-        op, "kernel" if gate is None else "fallback", _reason(r, gate, m, n, k), gate, basis(r, gate, m, n, k), kernel_us, fallback_us
-    )
+    reason = _reason(r, gate, m, n, k)
+    if gate is None:  # the kernel: which variant it launches, and why
+        reason += f"; variant: {r.variant_reason(m, n, k)}"
+    return Decision(op, "kernel" if gate is None else "fallback", reason, gate, basis(r, gate, m, n, k), kernel_us, fallback_us)
 
 
 #: the gates of the kernel's limits (what it can take, and a configured roof range)
@@ -570,7 +622,7 @@ def _dispatch(
             gate = "layout"
         else:
             res = out if out is not None else x.new_empty((m, n), dtype=e.out_dtype)
-            if _kernel.launch(t, e.name, res, x, w, scale, m, n, k, mode):
+            if _kernel.launch(t, e.name, res, x, w, scale, m, n, k, mode, r.split_k(m, n, k)):
                 r.counts["kernel"] += 1
                 return res
     r.counts["fallback"] += 1

@@ -148,14 +148,28 @@ def fp8_split_mm(x: Any, w: Any, scale: Any, one: Any, factors: Any, fused: bool
     accumulation), scaled back by their powers of two and summed in fp32, times the weight's scale
     in fp32, and rounded to bf16 once: the kernel's precision. Needs K and N multiples of 16 and a
     row-major weight (``w.t()`` is then the column-major operand cuBLAS takes). Beside the result it
-    allocates x's parts and their fp32 products (P x M x N floats).
+    allocates x's parts and their fp32 products ((P + 1) x M x N floats).
+
+    Non-finite elements of ``x`` give the reference's result, not a NaN row: they are left out of the
+    split (e4m3 holds no infinity, and an infinite row maximum would make every part NaN) and stacked
+    as one more part, their signs (NaN for a NaN), into the same GEMM; a row holding any adds
+    ``inf * sum(sign * w)`` to its finite sum: +-inf by the product's sign, NaN where the infinity
+    meets a zero weight, across a NaN, or where infinities of both signs cancel to zero (IEEE's inf -
+    inf; unlike IEEE, infinities of both signs whose weighted signs do not cancel give the sign of the
+    larger sum). No host sync: finite rows take the same path and come out bit-identical.
     """
     torch = _torch
     m = x.shape[0]
     n = w.shape[0]
-    q, s = fp8_split(x, factors, fused)
-    y = torch._scaled_mm(q, w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-    acc = torch.mul(y.view(-1, m, n), s).sum(0)
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, 0.0)
+    q, s = fp8_split(xf, factors, fused)
+    odd = torch.sign(x - xf).to(torch.float8_e4m3fn)  # +-1 where +-inf, NaN where NaN, 0 elsewhere
+    y = torch._scaled_mm(torch.cat((q, odd)), w.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    parts, t = y[: -m or None], y[-m:]
+    acc = torch.mul(parts.view(-1, m, n), s).sum(0)
+    bad = ~finite.all(1, keepdim=True)  # rows holding +-inf or NaN
+    acc = torch.where(bad, acc + t * float("inf"), acc)
     ws = scale.reshape(1, -1) if scale.numel() == n and n != 1 else scale.reshape(())
     if not fused:
         return (acc * ws).to(torch.bfloat16)

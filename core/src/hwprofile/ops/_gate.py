@@ -23,8 +23,9 @@ fallback if that ran in this thread before (``_kernel.fallback_ready``), else
 :class:`~hwprofile.ops.NotWarmedError` names the op and the shape; ``hwprofile.ops.warmup`` loads the
 kernel, allocates the workspace and runs the fallback once.
 
-The counter workspace: the kernel's last CTA is found with a device-wide counter that is zero
-between launches. Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
+The counter workspace: the kernel's last CTA is found with a device-wide ticket word that is zero
+between launches (the last CTA's own ``atom.inc`` wraps it to zero: nothing resets it, on the host or
+the device). Each device has one buffer of :data:`COUNTER_SLOTS` words, allocated once and never
 freed (a captured graph keeps its address); an eager launch uses its stream's slot, a launch being
 captured a slot of its own, so two launches that may run at once never share a counter.
 """
@@ -32,13 +33,16 @@ captured a slot of its own, so two launches that may run at once never share a c
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import threading
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import _state
 from .._log import get_logger
-from ..errors import KernelError
+from ..errors import KernelError, NotWarmedError
 from ..optable import MOE_GATE
 from . import _dispatch, _kernel
 
@@ -62,8 +66,11 @@ log = get_logger(__name__)
 failed: dict[int, str] = {}
 _lock = threading.Lock()
 _routes: dict[int, tuple[Any, Any]] = {}  # device index -> (its dispatch table, the gate's _Route on it)
-_memo: dict[tuple[int, int, int, int, int, int, int], tuple[Any, str | None, Any]] = {}  # see _remember
+_memo: dict[tuple[int, int, int, int, int, int, int], tuple[Any, Any, str | None, Any]] = {}  # see _remember
 _loaded: dict[tuple[int, str], Any] = {}  # (device index, name expression) -> LoadedKernel
+#: (id of a launch plan, flags, has bias) -> that plan, once its instance has a passing verdict here (ops._verify): one dict
+#: lookup per launch; the plan object is held so its id cannot be reused by another
+_verified: dict[tuple[int, int, bool], Any] = {}
 _workspace: dict[int, Any] = {}  # device index -> int32 [COUNTER_SLOTS] zeros: never freed (graphs keep its address)
 _stream_slot: dict[tuple[int, int], int] = {}  # (device, raw stream) -> its eager slot
 _captured_next: dict[int, int] = {}  # device -> next slot for a launch being captured
@@ -79,6 +86,7 @@ def _new_table(t: _dispatch._Table) -> None:
             del _memo[key]
         for loaded in [key for key in _loaded if key[0] == t.index]:
             del _loaded[loaded]
+        _verified.clear()
 
 
 _dispatch.on_new_table.append(_new_table)
@@ -91,6 +99,7 @@ def _forget() -> None:
         _routes.clear()
         _memo.clear()
         _loaded.clear()  # the workspace stays: a captured graph may still point at it
+        _verified.clear()
 
 
 # --- routing ---------------------------------------------------------------------------------------
@@ -174,11 +183,12 @@ def decide(prof: Profile, *, m: int, n: int, k: int, n_group: int = 1, topk_grou
 _dispatch.decide_gate = decide  # ops.decide("moe_gate", ...): _dispatch reaches the gate kind through this, never by import
 
 
-def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, str | None, Any]:
+def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[Any, Any, str | None, Any]:
+    """(table, the gate's route on it, gate, launch plan) of one call shape, remembered: a repeated shape looks up nothing else."""
     t = _dispatch.table(idx)
     _, m, n, k, n_group, topk_group, top_k = key
     gate, launch, _ = route_gate(t, m, n, k, n_group, topk_group, top_k)
-    hit = (t, gate, launch)
+    hit = (t, _route_of(t), gate, launch)
     with _lock:
         if len(_memo) >= 4096:
             _memo.clear()
@@ -189,11 +199,15 @@ def _remember(idx: int, key: tuple[int, int, int, int, int, int, int]) -> tuple[
 # --- the torch path --------------------------------------------------------------------------------
 
 _torch: Any = None
+_Tensor: Any = None  # torch.Tensor, torch.bfloat16, torch.float32 once bound: check() compares by identity
+_BF16: Any = None
+_F32: Any = None
+_SCORINGS: Final = MOE_GATE.scorings
 
 
 def bind(torch: Any) -> None:
-    global _torch
-    _torch = torch
+    global _torch, _Tensor, _BF16, _F32
+    _torch, _Tensor, _BF16, _F32 = torch, torch.Tensor, torch.bfloat16, torch.float32
 
 
 def select_torch(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: int, renormalize: bool, scaling: float,
@@ -219,8 +233,9 @@ def select_torch(logits: Any, bias: Any, n_group: int, topk_group: int, top_k: i
         grouped = choice.view(m, n_group, per)
         group_scores = grouped.amax(dim=-1) if scoring == "softmax" else grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
-        mask = torch.zeros((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, True)
-        choice = choice.masked_fill(~mask.unsqueeze(-1).expand(m, n_group, per).reshape(m, n), float("-inf"))
+        # the dropped groups' experts to -inf through a broadcast mask: no negation, no [M, N] mask copy (two launches fewer)
+        drop = torch.ones((m, n_group), dtype=torch.bool, device=logits.device).scatter_(1, keep, False)
+        choice = grouped.masked_fill(drop.unsqueeze(-1), float("-inf")).view(m, n)
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
     weights = scores.gather(1, ids)
     if renormalize:
@@ -246,25 +261,33 @@ def fallback(x: Any, w: Any, bias: Any, n_group: int, topk_group: int, top_k: in
 
 
 def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_group: Any, scoring: Any) -> tuple[int, int]:
-    """moe_gate's arguments against its contract; returns (N, K). Errors name the argument."""
-    torch = _torch
+    """moe_gate's arguments against its contract; returns (N, K). Errors name the argument.
+
+    Every eager call pays for it (issue 43: the op's +28.7 us over its fallback at M = 32), so each rule reads an
+    attribute once and compares dtypes by identity; devices are compared as the cheap ``get_device()`` index and,
+    off CUDA, as ``device`` objects (cpu against meta).
+    """
+    tensor, bf16 = _Tensor, _BF16
     for name, t in (("hidden", hidden), ("weight", weight)):
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, tensor):
             raise TypeError(f"moe_gate: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.bfloat16:
+        if t.dtype is not bf16:
             raise ValueError(f"moe_gate: {name} must be torch.bfloat16, got {t.dtype}")
-    if weight.dim() != 2:
-        raise ValueError(f"moe_gate: weight must have 2 dimensions [N, K], got shape {tuple(weight.shape)}")
-    n, k = weight.shape
-    if hidden.dim() < 1 or hidden.shape[-1] != k:
-        raise ValueError(f"moe_gate: hidden must be [..., K] with K={k} (from weight {tuple(weight.shape)}), got {tuple(hidden.shape)}")
-    if hidden.device != weight.device:
+    wshape, hshape = weight.shape, hidden.shape
+    if len(wshape) != 2:
+        raise ValueError(f"moe_gate: weight must have 2 dimensions [N, K], got shape {tuple(wshape)}")
+    n, k = wshape
+    if not hshape or hshape[-1] != k:
+        raise ValueError(f"moe_gate: hidden must be [..., K] with K={k} (from weight {tuple(wshape)}), got {tuple(hshape)}")
+    dev = weight.get_device()
+    if hidden.get_device() != dev or (dev < 0 and hidden.device != weight.device):
         raise ValueError(f"moe_gate: weight is on {weight.device} but hidden is on {hidden.device}; put them on one device")
-    for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
-    if scoring not in MOE_GATE.scorings:
-        raise ValueError(f"moe_gate: scoring must be one of {', '.join(map(repr, MOE_GATE.scorings))}, got {scoring!r}")
+    if not (type(top_k) is int and type(n_group) is int and type(topk_group) is int and top_k >= 1 and n_group >= 1 and topk_group >= 1):
+        for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
+    if scoring not in _SCORINGS:
+        raise ValueError(f"moe_gate: scoring must be one of {', '.join(map(repr, _SCORINGS))}, got {scoring!r}")
     if n % n_group:
         raise ValueError(f"moe_gate: N={n} experts (weight rows) do not split into n_group={n_group} equal groups")
     per = n // n_group
@@ -277,27 +300,47 @@ def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_gr
     if top_k > topk_group * per:
         raise ValueError(f"moe_gate: top_k={top_k} > the {topk_group * per} experts of topk_group={topk_group} groups of {per}")
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (n,):
-            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+        if not isinstance(bias, tensor) or bias.dtype is not _F32 or bias.shape != (n,):
+            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, tensor) else type(bias).__name__
             raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
-        if bias.device != weight.device:
+        if bias.get_device() != dev or (dev < 0 and bias.device != weight.device):
             raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
-        if bias.requires_grad and torch.is_grad_enabled():
+        if bias.requires_grad and _dispatch._grad_enabled():
             raise ValueError(
                 "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
             )
     return int(n), int(k)
 
 
+def check_scalars(renormalize: Any, scaling: Any) -> float:
+    """``renormalize`` a bool and ``routed_scaling_factor`` a finite real number > 0 (returned as a float).
+
+    Python scalars, checked once per call with a type test and ``math.isfinite`` (no tensor work): a
+    NaN or inf factor would make every weight NaN or inf, ``'2.5'`` would fail deep in torch, and
+    ``renormalize='no'`` would read as true.
+    """
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"moe_gate: renormalize must be a bool (True or False), got {type(renormalize).__name__} {renormalize!r}")
+    if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real):
+        raise TypeError(
+            f"moe_gate: routed_scaling_factor must be a real number (a float such as 2.5), got {type(scaling).__name__} {scaling!r}"
+        )
+    value = float(scaling)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"moe_gate: routed_scaling_factor must be finite and > 0 (the model config's value, 1.0 for none), got {value!r}")
+    return value
+
+
 def call(hidden: Any, weight: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
          scoring: str) -> tuple[Any, Any]:
     """``ops.moe_gate``'s entry: eager, compiled (:func:`_compiled`) or with gradients; returns ``[..., top_k]`` ids and weights."""
     n, k = check(hidden, weight, bias, top_k, n_group, topk_group, scoring)
+    scaling = check_scalars(renormalize, scaling)
     lead = hidden.shape[:-1]
     if _dispatch._compiling():
         ids, wts = _compiled(hidden, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
     else:
-        x = hidden if hidden.dim() == 2 else hidden.reshape(-1, k)
+        x = hidden if len(lead) == 1 else hidden.reshape(-1, k)
         ids, wts = eager(x, weight, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
     if len(lead) != 1:
         ids, wts = ids.reshape(*lead, top_k), wts.reshape(*lead, top_k)
@@ -319,8 +362,7 @@ def eager(x: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_group: int, t
     if idx >= 0:
         key = (idx, m, n, k, n_group, topk_group, top_k)
         hit = _memo.get(key)
-        t, gate, launch_plan = hit if hit is not None else _remember(idx, key)
-        r = _route_of(t)
+        t, r, gate, launch_plan = hit if hit is not None else _remember(idx, key)
         if gate is None and not _misplaced(x, w, bias):
             got = launch(t, launch_plan, x, w, bias, m, n, k, n_group, topk_group, top_k, renormalize, scaling, scoring)
             if got is not None:
@@ -367,7 +409,7 @@ def _compiled(hidden: Any, w: Any, bias: Any, n: int, k: int, top_k: int, n_grou
     selection); a dynamic shape the custom op, which routes at run time; a call that needs gradients
     router_gemm's custom op (its backward) and the torch selection.
     """
-    x = hidden.reshape(-1, k)
+    x = hidden if hidden.dim() == 2 else hidden.reshape(-1, k)  # a 2-D hidden state: no aten.view around the custom op
     if (hidden.requires_grad or w.requires_grad) and _dispatch._grad_enabled():
         from ._dispatch import ENTRIES
 
@@ -396,7 +438,7 @@ def define(torch: Any, lib: Any) -> None:
     def impl(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
              scoring: str) -> tuple[Any, Any]:
         n, k = check(x, w, bias, top_k, n_group, topk_group, scoring)
-        return eager(x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
+        return eager(x if x.dim() == 2 else x.reshape(-1, k), w, bias, n, k, top_k, n_group, topk_group, renormalize, scaling, scoring)
 
     def fake(x: Any, w: Any, bias: Any, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,
              scoring: str) -> tuple[Any, Any]:
@@ -477,7 +519,7 @@ def _not_ready(t: _dispatch._Table, m: int, n: int, k: int, what: str) -> None:
     """Inside a capture, the kernel (or its workspace) is not ready: the fallback if that is safe, else NotWarmedError."""
     fix = f"call hwprofile.ops.warmup(device={t.index}, shapes={{'moe_gate': [({m}, {n}, {k})]}}) before capturing"
     if (OP, t.index, _kernel.thread_id()) not in _kernel.fallback_ready:
-        raise _kernel.NotWarmedError(
+        raise NotWarmedError(
             f"moe_gate (M={m}, N={n}, K={k}) was first called inside a CUDA-graph capture on cuda:{t.index}: {what}, and its "
             f"fallback never ran on this device in this thread (cuBLAS); either would break the capture; {fix}"
         )
@@ -507,16 +549,22 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         if kern is None or counter is None:
             _not_ready(t, m, n, k, "its kernel is not loaded" if kern is None else "its counter workspace is not allocated")
             return None
+        flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
+        vkey = (id(plan), flags, bias is not None)
+        if _verified.get(vkey) is not plan:  # verification on first use (ops._verify): once per instance and selection
+            if not _verified_here(t, plan, kern, counter, stream, (m, n, k, n_group, topk_group, top_k, flags, float(scaling)), bias,
+                                  capturing):
+                return None
+            _verified[vkey] = plan
         ids = x.new_empty((m, top_k), dtype=_torch.int64)
         weights = x.new_empty((m, top_k), dtype=_torch.float32)
         logits = x.new_empty((m, n), dtype=_torch.float32)
-        flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
         kern.launch(plan, stream, (
             ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), counter, x.data_ptr(), w.data_ptr(),
             0 if bias is None else bias.data_ptr(), m, n, k, n_group, topk_group, top_k, flags, float(scaling),
         ))
-    except (kernels.CompileForbiddenError, _kernel.NotWarmedError) as exc:
-        if isinstance(exc, _kernel.NotWarmedError):
+    except (kernels.CompileForbiddenError, NotWarmedError) as exc:
+        if isinstance(exc, NotWarmedError):
             raise
         raise kernels.CompileForbiddenError(f"moe_gate (M={m}, N={n}, K={k}) on cuda:{t.index}: {exc}") from None
     except Exception as exc:
@@ -528,6 +576,99 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         _fail(t, str(err))
         return None
     return ids, weights
+
+
+def _selection_code(n_group: int, topk_group: int, top_k: int, flags: int) -> int:
+    """The selection an instance was verified with, as the verdict's ``scale`` field (flags, top_k, groups)."""
+    return flags | (top_k << 8) | (topk_group << 16) | (n_group << 24)
+
+
+def _verified_here(t: _dispatch._Table, plan: Launch, kern: Any, counter: int, stream: int, args: tuple[Any, ...], bias: Any,
+                   capturing: bool) -> bool:
+    """Verification on first use of one fused-gate instance (:mod:`hwprofile.ops._verify`): True if it may serve calls.
+
+    A verdict of this device whose stamp matches is reused; inside a capture none is :class:`NotVerifiedError`;
+    else the instance runs on seeded inputs (and on inputs with exactly tied experts) and is compared with float64
+    logits and the torch selection of its own logits (:func:`check_instance`). A failure disables the kernel here
+    (one warning; strict mode raises)."""
+    from .. import _verdicts
+    from ..errors import NotVerifiedError
+    from . import _verify
+
+    if not _verify.enabled(t.prof):
+        return True
+    m, n, k, n_group, topk_group, top_k, flags, scaling = args
+    code = _selection_code(n_group, topk_group, top_k, flags)
+    v = _verify.lookup(t.prof, OP, plan, (m, n, k), code)
+    if v is None:
+        if capturing:
+            raise NotVerifiedError(
+                f"moe_gate (M={m}, N={n}, K={k}, n_group={n_group}, topk_group={topk_group}, top_k={top_k}) was first called inside "
+                f"a CUDA-graph capture on cuda:{t.index}, and its kernel instance {plan.name_expression} has no verdict on this device: "
+                f"call hwprofile.ops.warmup(device={t.index}, shapes={{'moe_gate': [({m}, {n}, {k})]}}) (or the op once) before capturing"
+            )
+
+        def run(ids: Any, weights: Any, logits: Any, x: Any, w: Any, b: Any) -> None:
+            kern.launch(plan, stream, (ids.data_ptr(), weights.data_ptr(), logits.data_ptr(), counter, x.data_ptr(), w.data_ptr(),
+                                       0 if b is None else b.data_ptr(), m, n, k, n_group, topk_group, top_k, flags, scaling))
+
+        def check() -> Any:
+            res = check_instance(run, x_device=t.index, m=m, n=n, k=k, n_group=n_group, topk_group=topk_group, top_k=top_k,
+                                 flags=flags, scaling=scaling, with_bias=bias is not None)
+            return _verify.verdict(t, OP, plan, (m, n, k), code, res)
+
+        v = _verify.fleet_once(t.prof, _verdicts.stamp(t.prof, OP, plan, (m, n, k), code), check)
+    if v.ok:
+        return True
+    why = f"its instance {v.instance} at M, N, K = {v.shape} failed verification against float64 ({v.where}, {v.date}): {v.error}"
+    if t.strict:
+        raise KernelError(f"moe_gate on cuda:{t.index} ({t.prof.device.name}): {why}")
+    _fail(t, why)
+    return False
+
+
+def check_instance(run: Callable[..., None], *, x_device: int, m: int, n: int, k: int, n_group: int, topk_group: int, top_k: int,
+                   flags: int, scaling: float, with_bias: bool) -> Any:
+    """Run a fused-gate instance (``run(ids, weights, logits, x, w, bias)``) on two seeded input sets, the second with
+    exactly tied experts (duplicated weight rows), and compare: logits with float64 (row error 1e-4), ids equal to the torch
+    selection of the kernel's own logits (ties to the lower index), weights with that selection's (1e-5)."""
+    from . import _verify
+
+    torch = _torch
+    dev = torch.device("cpu") if x_device < 0 else torch.device("cuda", x_device)
+    gen = torch.Generator(device=dev).manual_seed(4321 + 7 * m + 13 * n + k)
+    scoring = "softmax" if flags & SOFTMAX else "sigmoid"
+    worst = 0.0
+    for name in ("random", "ties"):
+        x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = torch.randn(n, k, device=dev, generator=gen).to(torch.bfloat16)
+        if name == "ties":
+            w[1::2] = w[0::2][: n // 2]  # experts 2i and 2i+1 score exactly alike: the lower index must win
+        b = (torch.randn(n, device=dev, generator=gen) * 0.1) if with_bias else None
+        if b is not None and name == "ties":
+            b[1::2] = b[0::2][: n // 2]
+        ids = torch.full((m, top_k), -1, dtype=torch.int64, device=dev)
+        weights = torch.full((m, top_k), float("nan"), dtype=torch.float32, device=dev)
+        logits = torch.full((m, n), float("nan"), dtype=torch.float32, device=dev)
+        run(ids, weights, logits, x, w, b)
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+        ref = x.double() @ w.double().t()
+        if not bool(torch.isfinite(logits).all()):
+            return _verify.Outcome(False, None, f"{name} inputs: the logits have NaN or Inf (an element never written)")
+        err = float(((logits.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-300)).max())
+        if err > 1e-4:
+            return _verify.Outcome(False, err, f"{name} inputs: logits relative error {err:.3g} above 0.0001 against float64")
+        rid, rw = select_torch(logits, b, n_group, topk_group, top_k, bool(flags & RENORM), scaling, scoring)
+        if not torch.equal(ids, rid):
+            row = int((ids != rid).any(dim=1).nonzero()[0, 0])
+            return _verify.Outcome(False, err, f"{name} inputs: ids of token {row} {ids[row].tolist()} differ from the torch selection "
+                                               f"{rid[row].tolist()} on the kernel's own logits")
+        werr = float((weights.double() - rw.double()).norm() / rw.double().norm().clamp_min(1e-300))
+        if not werr <= 1e-5:
+            return _verify.Outcome(False, werr, f"{name} inputs: weights relative error {werr:.3g} above 1e-05")
+        worst = max(worst, err, werr)
+    return _verify.Outcome(True, worst)
 
 
 def run_kernel(x: Any, w: Any, bias: Any, *, top_k: int, n_group: int, topk_group: int, renormalize: bool, scaling: float,

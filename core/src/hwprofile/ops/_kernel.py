@@ -12,30 +12,18 @@ import ctypes
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._log import get_logger
-from ..errors import HwprofileError, KernelError
+from ..errors import KernelError, NotWarmedError
 from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
+from . import _verify
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ..profiles import Profile
+    from ._table import Table as _Table
 
 
-class _Table(Protocol):
-    """What a launch reads and updates of one device's dispatch table (``_dispatch._Table``). A protocol, so this
-    module does not import ``_dispatch``, which imports it (no circle, type-checking imports counted)."""
-
-    prof: Profile
-    index: int
-    strict: bool
-    split_k: bool
-    launches: dict[tuple[Any, ...], Callable[..., None]]
-    errors: dict[str, str]
-
-    def fail(self, op: str, why: str = "") -> None: ...
 
 #: the kernels' C signature: (out, x, w, scale, M, N, K); every plugin kernel of every op takes it
 ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)
@@ -53,14 +41,6 @@ def raw_stream(index: int) -> int:
 
         _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda i: torch.cuda.current_stream(i).cuda_stream)
     return int(_current_raw_stream(index))
-
-
-class NotWarmedError(HwprofileError):
-    """An op's first call of a shape came inside a CUDA-graph capture, and neither its kernel nor its fallback was ready.
-
-    Compiling or loading a module there, or the fallback's first cuBLAS call (``cublasCreate``),
-    would invalidate the capture; this error is raised instead, before anything reaches the stream.
-    """
 
 
 #: (op, device index, thread ident) whose fallback ran in that thread on that device, outside a capture
@@ -127,6 +107,14 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: 
             kern = ready
         else:
             kern = kernels.load(spec, target, plan, t.index, ARG_TYPES, record=t.prof.stats.record)
+        go = _launcher(kern, plan)
+
+        def launch_on(out: Any, x: Any, w: Any, s: Any) -> None:
+            go(raw_stream(t.index), out.data_ptr(), x.data_ptr(), w.data_ptr(), 0 if s is None else s.data_ptr(), m, n, k)
+
+        # verification on first use: no launcher is kept before the instance matched float64 here (ops._verify)
+        if not _verify.ensure(t, op, plan, (m, n, k), scale_mode, launch_on, capturing=_capturing(t.index)):
+            return None
     except kernels.CompileForbiddenError as exc:
         raise kernels.CompileForbiddenError(f"{op} ({shape}) on cuda:{t.index}: {exc}") from None
     except KernelError as exc:
@@ -136,10 +124,14 @@ def _load(t: _Table, op: str, m: int, n: int, k: int, scale_mode: int, split_k: 
         warnings.warn(f"hwprofile: {op} kernel unavailable, using the torch fallback: {exc}", RuntimeWarning, stacklevel=5)
         return None
 
+    t.launches[(op, m, n, k, scale_mode, split_k)] = go
+    return go
+
+
+def _launcher(kern: Any, plan: Any) -> Callable[..., None]:
     def go(stream: int, *args: int) -> None:
         kern.launch(plan, stream, args)
 
-    t.launches[(op, m, n, k, scale_mode, split_k)] = go
     return go
 
 

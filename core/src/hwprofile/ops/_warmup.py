@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import _env
 from .._log import get_logger
 from ..errors import HwprofileError
 from ..optable import GATES, NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE
@@ -117,14 +118,13 @@ def _modes(op: str) -> tuple[int, ...]:
 
 def plan(prof: Profile, shapes: Mapping[str, Iterable[Shape]], split_k: bool) -> list[Planned]:
     """Route every shape with :func:`~hwprofile.ops.decide` on ``prof`` and plan the kernel ones (no torch, no GPU)."""
-    from ._dispatch import decide
+    from ._dispatch import _Table, decide
 
     out: list[Planned] = []
+    t = _Table(prof)
     for gate in GATES:  # the gate kind: routed and planned with its served router's selection (optable.GateDef.router_for)
-        from ._dispatch import _Table
         from ._gate import route_gate
 
-        t = _Table(prof)
         for m, n, k in shapes.get(gate, ()):
             r = GATES[gate].router_for(n, k)
             g, launch, why = route_gate(t, m, n, k, r.n_group, r.topk_group, r.top_k)
@@ -136,9 +136,26 @@ def plan(prof: Profile, shapes: Mapping[str, Iterable[Shape]], split_k: bool) ->
                 launch = None
                 if d.path == "kernel":
                     spec = prof.kernels[op]
-                    launch = spec.configure(m=m, n=n, k=k, split_k=split_k, **({"scale": mode} if OPS[op].scaled else {}))
+                    sk = t.routes[op].split_k(m, n, k)  # the variant dispatch launches there (None: the profile's)
+                    sk = split_k if sk is None else sk
+                    launch = spec.configure(m=m, n=n, k=k, split_k=sk, **({"scale": mode} if OPS[op].scaled else {}))
                 out.append(Planned(op, (m, n, k), mode, d.path, d.reason, launch))
     return out
+
+
+def _refuse_without_cuda(torch: Any, prof: Any, idx: int) -> None:
+    """A clear error, instead of torch's AssertionError at the first tensor, when this torch cannot reach CUDA device ``idx``."""
+    if torch.cuda.is_available() and idx < torch.cuda.device_count():
+        return
+    d = prof.device
+    what = f"device {idx} ({d.name}{f', simulated by {_env.DEVICE.name}' if d.simulated else ''})"
+    why = (f"torch {torch.__version__} is a CPU build (no CUDA)" if torch.version.cuda is None
+           else f"torch sees {torch.cuda.device_count()} CUDA device(s)")
+    raise HwprofileError(
+        f"hwprofile.ops.warmup cannot warm {what}: {why}, and warm-up runs each op's fallback and the gate on that GPU. "
+        f"Run it on the GPU host with a CUDA build of torch; to fill a kernel cache without a GPU, use 'hwprofile compile "
+        f"--arch {prof.target or 'TARGET'} --warm OP:MxNxK' (or --models); warmup(..., fallbacks=False) only compiles and loads"
+    )
 
 
 def warmup(
@@ -169,16 +186,20 @@ def warmup(
     if _kernel._capturing(idx):
         raise HwprofileError("hwprofile.ops.warmup was called inside a CUDA-graph capture; warm up before capturing")
     t = _dispatch.table(idx)
+    if idx != _dispatch._cpu_index and (fallbacks or any(op in wanted for op in GATES)):
+        _refuse_without_cuda(torch, t.prof, idx)  # before any compile: the fallbacks and the gate run on that GPU
     report = WarmupReport(idx)
     report.planned = plan(t.prof, wanted, t.split_k)
     for p in report.planned:
         if p.path != "kernel" or p.op in GATES:  # a gate's kernel is warmed by _gate.warm below
             continue
-        key = (p.op, *p.shape, p.mode, t.split_k)
+        sk = t.routes[p.op].split_k(*p.shape)  # the kernel variant dispatch launches at this shape
+        split = t.split_k if sk is None else sk
+        key = (p.op, *p.shape, p.mode, split)
         if key in t.launches:
             report.loaded += 1
             continue
-        go = _kernel._load(t, p.op, *p.shape, p.mode, t.split_k)
+        go = _kernel._load(t, p.op, *p.shape, p.mode, split)
         if go is None:
             report.failed.append(f"{p.op} M={p.shape[0]} N={p.shape[1]} K={p.shape[2]}")
         else:

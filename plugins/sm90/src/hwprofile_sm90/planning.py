@@ -11,7 +11,9 @@ from the variant sweeps on the H200 (``benchmarks/variants_sm90.py``, logs in ``
 * bf16 GEMV: when fewer than 3 row groups per SM exist (N < 3168 at 8 rows a group), the shared
   split-K kernel (a 2-block cluster) fills the SMs best; otherwise ``hwp90_gemv``, a persistent
   grid of 2 blocks per SM that stages x once per block.
-* FP8 GEMV: the shared SIMT kernel (none of the sm90 variants beat it at every shape).
+* FP8 GEMV: at M = 1 the shared SIMT kernel (none of the sm90 variants beat it at every shape); at M = 2..16
+  the shared FP8 tensor-core kernel (``hwprofile/skinny_fp8.cuh``), which reads each weight once for all M
+  tokens (not measured yet). Both are built from ``kernels/sm90_fp8.cu``.
 * Long K: the shared SIMT kernel streams x through shared memory in chunks once a block's slice
   passes 32 KB (K > 16384 bf16 without split-K), and takes the bf16 GEMV where ``hwp90_gemv`` cannot
   keep two blocks' copies of x per SM.
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from hwprofile.plugin import DeviceInfo
 
 SOURCE = "kernels/sm90_gemv.cu"
+#: the FP8 GEMV's own source (M = 1 SIMT, M = 2..16 tensor cores): a change to it re-measures fp8_gemv alone
+SOURCE_FP8 = "kernels/sm90_fp8.cu"
 SM_COUNT = 132  # H100 SXM and H200: the plan of a simulated device without a catalog entry
 MAX_SHARED = 227 * 1024  # opt-in shared memory per block on sm_90 (the source's kMaxSharedPerBlock)
 
@@ -103,13 +107,15 @@ def router_tiles(*, m: int, n: int, k: int, split_k: bool, sm_count: int = SM_CO
 def plan_gemv(
     *, m: int, n: int, k: int, split_k: bool, fp8: bool = False, scale: int = NO_SCALE, t: ArchTuning = TUNING
 ) -> Launch:
-    """bf16-output GEMV, M = 1 (bf16 or FP8 weights), planned for the SM count and shared memory of ``t``.
+    """bf16-output GEMV, M = 1 (bf16 or FP8 weights) or M = 2..16 (FP8 weights: the family's FP8 tensor-core
+    kernel, ``hwp90_skinny_mma`` of ``kernels/sm90_fp8.cu``), planned for the SM count and shared memory of ``t``.
 
     ``hwp90_gemv`` stages all of x once per block and wants 2 blocks per SM: it takes K while two
     copies of x fit the shared memory of a block (K <= 58112); longer K, like small N and FP8, goes
     to the shared SIMT kernel, which streams x through shared memory in chunks.
     """
-    check_kernel_shape(m=m, n=n, k=k, vec=16 if fp8 else 8, max_m=1, what="sm90 GEMV kernel")
+    what = "sm90 FP8 GEMV kernel" if fp8 else "sm90 GEMV kernel"
+    check_kernel_shape(m=m, n=n, k=k, vec=16 if fp8 else 8, max_m=16 if fp8 else 1, what=what)
     smem = k * 2
     if fp8 or (split_k and n < 3 * t.sm_count * 8) or smem * GEMV_BLOCKS_PER_SM > t.max_shared_bytes:
         return plan_skinny_gemm(t, m=m, n=n, k=k, fp8=fp8, out="bf16", scale=scale, split_k=split_k)
@@ -144,7 +150,10 @@ def kernel_specs(package: str, device: DeviceInfo | None = None) -> list[KernelS
         doc = (
             f"hwp90_router: {d.x_dtype} x {d.w_dtype} -> float32, M = 1..16 (PDL, cluster split-K)"
             if kind == "router"
-            else f"GEMV M = 1, {d.w_dtype} weights{' x scale' if d.scaled else ''}, fp32 accumulation -> {d.out_dtype}"
+            else f"GEMV M = 1 (SIMT) and M = 2..16 (tensor cores), {d.w_dtype} weights x scale, fp32 accumulation -> {d.out_dtype}"
+            if d.scaled
+            else f"GEMV M = 1, {d.w_dtype} weights, fp32 accumulation -> {d.out_dtype}"
         )
-        specs.append(KernelSpec(op, package, SOURCE, prebuilt_instances(op, configure.prebuild()), configure, doc=doc))
+        source = SOURCE_FP8 if d.scaled else SOURCE
+        specs.append(KernelSpec(op, package, source, prebuilt_instances(op, configure.prebuild()), configure, doc=doc))
     return specs

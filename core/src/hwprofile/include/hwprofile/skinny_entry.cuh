@@ -10,6 +10,7 @@
 //
 // which declares, with static_asserts against those limits:
 //   <P>_skinny_mma<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>  tensor cores, M <= 16; grid (ceil(N / 8NT), KSPLIT)
+//       (FP8 = true: hwprofile/skinny_fp8.cuh's body, the FP8 GEMV at M = 2..16)
 //   <P>_gemv_simt<FP8, TOut, M, WARPS, ROWS, KSPLIT, U, SCALE[, XCHUNK]>  SIMT, M = 1; grid (ceil(N / (WARPS*ROWS)), KSPLIT),
 //       dynamic shared memory = the staged x slice, or (XCHUNK > 0) an x buffer of XCHUNK weight vectors per token
 // <P> is the ArchTuning prefix the plan (hwprofile.kernels.skinny_gemm.plan) writes into its name
@@ -18,6 +19,7 @@
 // at compile time: the plan checks it against ArchTuning.max_shared_bytes, the same limit.
 #pragma once
 #include <hwprofile/gemv.cuh>
+#include <hwprofile/skinny_fp8.cuh>
 
 namespace hwp {
 
@@ -46,7 +48,10 @@ __device__ __forceinline__ void skinny_mma_entry(TOut* __restrict__ out, const _
                                                  int K) {
   check_entry_limits<L, WARPS, KSPLIT>();
   static_assert((WARPS * NT * 128 + NT * 128) * 4 <= L::kMaxStaticShared, "static shared memory of the reduction");
-  skinny_gemm<FP8, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, w, scale, M, N, K);
+  if constexpr (FP8)  // the FP8 GEMV at M = 2..16: hwprofile/skinny_fp8.cuh (integer-pipe dequantisation, NaN rows)
+    skinny_fp8<TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, static_cast<const unsigned char*>(w), scale, M, N, K);
+  else
+    skinny_gemm<false, TOut, MT, WARPS, NT, KSPLIT, U, SCALE>(out, x, w, scale, M, N, K);
 }
 
 template <class L, bool FP8, typename TOut, int M, int WARPS, int ROWS, int KSPLIT, int U, int SCALE, int XCHUNK>

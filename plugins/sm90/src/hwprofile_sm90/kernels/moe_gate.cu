@@ -4,8 +4,8 @@
 // the block's warps and a cluster of up to 8 blocks, the weights prefetched into L2 before
 // griddepcontrol.wait, ranks pushing their partials into rank 0 with st.async), included rather than
 // copied, so the GEMM half of the gate is the measured router kernel; it writes the fp32 logits, and
-// the CTA that finishes last selects the experts of every token (hwprofile/moe_gate.cuh says why
-// this cut, and the rules). Launched with programmatic dependent launch, as the router GEMM: the
+// the CTA that draws the last ticket selects the experts of every token (hwprofile/moe_gate.cuh says
+// why this cut, and the rules). Launched with programmatic dependent launch, as the router GEMM: the
 // blocks start while the previous kernel on the stream finishes and wait before reading anything.
 // sm90_gemv.cu itself is not changed by this file (its digest is in every shipped threshold's stamp).
 #include "sm90_gemv.cu"
@@ -21,12 +21,11 @@ hwp90_moe_gate(long long* __restrict__ ids, float* __restrict__ weights, float* 
                const __nv_bfloat16* __restrict__ x, const void* __restrict__ w, const float* __restrict__ bias, int M, int N, int K,
                int n_group, int topk_group, int top_k, int flags, float scaling) {
   static_assert(MINB >= 1 && MINB * WARPS * 32 <= 2048, "at most 2048 threads per SM on sm_90");
-  constexpr int SELW = hwp::gate::SelectWarps<WARPS>::value;
   constexpr int TILE = NT * 128, INBOX = KSPLIT > 1 ? (KSPLIT - 1) * TILE : 1;
-  static_assert((WARPS * TILE + INBOX + TILE) * 4 + 8 + SELW * (MAX_N + 32) * 4 + 4 <= hwp90::kMaxStaticShared,
-                "static shared memory of the router GEMM and the selection");
+  static_assert((WARPS * TILE + INBOX + TILE) * 4 + 8 + 4 <= hwp90::kMaxStaticShared,
+                "static shared memory of the router GEMM and the ticket");
   hwp90::router<MT, WARPS, NT, KSPLIT, U, PF, true>(logits, x, static_cast<const __nv_bfloat16*>(w), M, N, K);
   if (KSPLIT > 1 && hwp::cluster_rank() != 0) return;  // ranks 1.. pushed their partials into rank 0 and are done
   const hwp::gate::Args a{ids, weights, logits, bias, counter, M, N, n_group, topk_group, top_k, flags, scaling};
-  hwp::gate::select_when_last<MAX_N, SELW>(a, gridDim.x);
+  hwp::gate::select_when_last<MAX_N>(a, gridDim.x);
 }

@@ -1,0 +1,63 @@
+"""Verification on first use of the fused gate (CPU): its check against float64 logits and the torch selection of the
+kernel's own logits, run with gate "kernels" written in torch, right and wrong the ways a selection goes wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hwprofile.ops import _gate
+
+torch = pytest.importorskip("torch")
+_gate.bind(torch)
+
+ROUTERS = [(256, 7168, 8, 4, 8), (384, 7168, 1, 1, 8), (64, 2048, 1, 1, 4), (512, 2048, 1, 1, 10)]
+
+
+def gate(bug: str = "") -> Any:
+    def run(ids: Any, weights: Any, logits: Any, x: Any, w: Any, b: Any, *, n_group: int, topk_group: int, top_k: int, flags: int,
+            scaling: float) -> None:
+        lg = x.float() @ w.float().t()
+        if bug == "bf16_logits":
+            lg = lg.to(torch.bfloat16).float()
+        logits.copy_(lg)
+        scoring = "softmax" if flags & _gate.SOFTMAX else "sigmoid"
+        i, wt = _gate.select_torch(lg, b, n_group, topk_group, top_k, bool(flags & _gate.RENORM), scaling, scoring)
+        if bug == "ties_to_higher":  # the higher of two tied experts: flip to the partner where the partner ties
+            partner = i ^ 1
+            tied = (lg.gather(1, i) == lg.gather(1, partner)) & (i % 2 == 0)
+            i = torch.where(tied, partner, i)
+        if bug == "no_renorm":
+            wt = lg.sigmoid().gather(1, i) * scaling
+        ids.copy_(i)
+        weights.copy_(wt)
+
+    return run
+
+
+def check(run: Any, n: int, k: int, n_group: int, topk_group: int, top_k: int, m: int = 4, flags: int = _gate.RENORM) -> Any:
+    def launch(ids: Any, weights: Any, logits: Any, x: Any, w: Any, b: Any) -> None:
+        run(ids, weights, logits, x, w, b, n_group=n_group, topk_group=topk_group, top_k=top_k, flags=flags, scaling=2.5)
+
+    return _gate.check_instance(launch, x_device=-1, m=m, n=n, k=k, n_group=n_group, topk_group=topk_group, top_k=top_k, flags=flags,
+                                scaling=2.5, with_bias=True)
+
+
+@pytest.mark.parametrize("router", ROUTERS, ids=lambda r: f"{r[0]}x{r[1]}g{r[2]}")
+@pytest.mark.parametrize("m", [1, 16])
+def test_a_right_gate_passes_both_input_sets(router: tuple[int, ...], m: int) -> None:
+    res = check(gate(), *router, m=m)
+    assert res.ok, res.error
+
+
+@pytest.mark.parametrize("bug, words", [("bf16_logits", "logits relative error"), ("ties_to_higher", "ties inputs: ids of token"),
+                                        ("no_renorm", "weights relative error")])
+def test_a_wrong_gate_fails_naming_what(bug: str, words: str) -> None:
+    res = check(gate(bug), 256, 7168, 8, 4, 8)
+    assert not res.ok and words in res.error, res.error
+
+
+def test_a_gate_that_writes_nothing_fails() -> None:
+    res = check(lambda *a, **kw: None, 256, 1024, 8, 4, 8)
+    assert not res.ok and "NaN" in res.error
