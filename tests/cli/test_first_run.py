@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile import cli
+from hwprofile import _cli_common
 from hwprofile.cli import main
 from hwprofile.errors import ToolchainError
 from hwprofile.kernels import _pipeline as jit
@@ -124,7 +124,7 @@ class _NotTty:
 def test_progress_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     pipe = _NotTty()
     monkeypatch.setattr(sys, "stderr", pipe)
-    assert cli._progress(True, 60) is None
+    assert _cli_common._progress(True, 60) is None
 
     class Tty(_NotTty):
         def isatty(self) -> bool:
@@ -132,11 +132,11 @@ def test_progress_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
     tty = Tty()
     monkeypatch.setattr(sys, "stderr", tty)
-    progress = cli._progress(True, 60)
+    progress = _cli_common._progress(True, 60)
     assert progress is not None
     progress(1, 2, "x")
     assert "\r[" in tty.text
-    assert cli._progress(False, 60) is None
+    assert _cli_common._progress(False, 60) is None
 
 
 def test_compile_without_nvrtc_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

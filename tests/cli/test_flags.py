@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile import cli
+from hwprofile import _cli_sweep, cli
 from hwprofile.errors import DeviceError
 
 
@@ -42,7 +42,7 @@ def test_sweep_without_a_gpu_does_not_suggest_simulation(monkeypatch: pytest.Mon
     def no_gpu(args: argparse.Namespace) -> None:
         raise DeviceError("no NVIDIA GPU: NVML could not start. Simulate one with HWPROFILE_DEVICE=<name>, e.g. h200.")
 
-    monkeypatch.setattr(cli, "_profile", no_gpu)
+    monkeypatch.setattr(_cli_sweep, "_profile", no_gpu)
     assert cli.main(["sweep", "router_gemm"]) == 2
     err = capsys.readouterr().err
     assert "needs a real NVIDIA GPU" in err and "Simulate" not in err and "HWPROFILE_DEVICE" not in err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hwprofile import cli
+from hwprofile import _cli_sweep, cli
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX file descriptors and users")
 
@@ -190,7 +190,7 @@ def no_device(monkeypatch: pytest.MonkeyPatch) -> None:
     def touched(args: object) -> object:
         raise AssertionError("sweep reached the device before refusing its arguments")
 
-    monkeypatch.setattr(cli, "_profile", touched)
+    monkeypatch.setattr(_cli_sweep, "_profile", touched)
 
 
 def _sweep_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -284,7 +284,7 @@ def test_sweep_default_output_is_checked_before_measuring(
     from hwprofile.device import DeviceInfo
 
     dev = DeviceInfo(0, "NVIDIA H200", (9, 0))
-    monkeypatch.setattr(cli, "_profile", lambda args: SimpleNamespace(device=dev))
+    monkeypatch.setattr(_cli_sweep, "_profile", lambda args: SimpleNamespace(device=dev))
     monkeypatch.setenv("HWPROFILE_CONFIG_DIR", str(tmp_path))
     d = tuning.tuned_dir(dev, os.environ)
     d.mkdir(parents=True)

@@ -353,7 +353,7 @@ def test_regret_plot_has_one_panel_per_op(h200: hwprofile.Profile, tmp_path: Pat
 
 def test_cli_report_prints_the_table(h200: hwprofile.Profile, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
-    from hwprofile.cli import _sweep_report
+    from hwprofile._cli_sweep import _sweep_report
 
     _sweep_report(h200, gemv_doc(h200), tmp_path / "r.png")
     out = capsys.readouterr().out
@@ -365,7 +365,8 @@ def test_cli_report_prints_the_table(h200: hwprofile.Profile, tmp_path: Path, ca
 
 
 def grid_of(argv: list[str]) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    from hwprofile.cli import _sweep_grid, build_parser
+    from hwprofile._cli_sweep import _sweep_grid
+    from hwprofile.cli import build_parser
 
     return _sweep_grid(build_parser().parse_args(["sweep", *argv]))
 

@@ -37,7 +37,7 @@ def test_the_layers_an_op_sees_are_its_table_entrys(layer: str | None, w_dtype: 
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A new op's served shapes follow its OpDef.layer (and an FP8 weight), with no list of op names in hwprofile.models."""
     toy = OpDef("toy", "toy", args=("x", "w"), w_dtype=w_dtype, out_dtype="float32", fallback="f", max_m=16, min_n=1, max_n=1 << 20,
-                min_k=1, max_k=1 << 20, threshold="max_tokens", grid=(), settings=(), layer=layer)
+                min_k=1, max_k=1 << 20, threshold="max_tokens", grid=(), settings=(), layer=layer, family=None, backward=None)
     monkeypatch.setitem(TABLE, "toy", toy)
     assert models.shapes("toy", catalog) == (models.shapes(like, catalog) if like else [])
     assert models.shapes("moe_gate", catalog) == models.shapes("router_gemm", catalog)  # the gate's GEMM is the router's
@@ -45,7 +45,7 @@ def test_the_layers_an_op_sees_are_its_table_entrys(layer: str | None, w_dtype: 
         models.shapes("nope", catalog)
     with pytest.raises(ValueError, match="layer 'mlp'"):
         OpDef("bad", "bad", args=("x", "w"), w_dtype=w_dtype, out_dtype="float32", fallback="f", max_m=1, min_n=1, max_n=1, min_k=1,
-              max_k=1, threshold="box", grid=(), settings=(), layer="mlp")
+              max_k=1, threshold="box", grid=(), settings=(), layer="mlp", family=None, backward=None)
 
 
 def test_shapes_per_rank_follow_the_published_configs(catalog: dict[str, models.Model]) -> None:

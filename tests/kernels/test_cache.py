@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import hwprofile
+from hwprofile import _version
 from hwprofile.errors import CacheError, KernelError, ToolchainError
 from hwprofile.kernels import _pipeline as jit
 from hwprofile.kernels import cache as kcache
@@ -106,7 +107,7 @@ def test_header_reached_through_an_option_include_dir_is_in_the_key(pkg: Path) -
 
 def test_key_covers_hwprofile_version_nvrtc_build_and_fixed_flags(pkg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = jit.cache_key(spec(pkg), "sm_90a", (EXPR,))
-    monkeypatch.setattr(hwprofile, "__version__", "99.0")
+    monkeypatch.setattr(_version, "__version__", "99.0")  # the leaf the key reads it from
     v = jit.cache_key(spec(pkg), "sm_90a", (EXPR,))
     assert v != base
     monkeypatch.setattr(toolchain, "nvrtc_build", lambda: "nvidia-cuda-nvrtc 99.9.9")

@@ -13,9 +13,10 @@ import pytest
 import hwprofile
 from hwprofile import ops
 from hwprofile.optable import OPS
+from hwprofile.plugin import PREBUILT_SHAPES
 
 from .contract import CHECKS, OpUnderTest, bf16_ulp
-from .reference import REFERENCES
+from .reference import REFERENCES, operands
 
 torch = pytest.importorskip("torch")
 
@@ -51,6 +52,23 @@ def test_contract(name: str, check: Callable[[OpUnderTest], None]) -> None:
     if name not in REFERENCES:
         pytest.fail(f"op {name!r} has no float64 reference")
     check(OpUnderTest(OPS[name], getattr(ops, name)))
+
+
+@pytest.mark.parametrize("name", list(PREBUILT_SHAPES))
+def test_a_family_member_computes_the_familys_math(name: str) -> None:
+    """An op the table puts in the skinny-GEMM family (``OpDef.family``) gets the family's kernel on every plugin built on
+    it, which computes ``x . (w * scale)^T`` and nothing else: the op's own fallback must compute that too, within one
+    rounding of the output dtype. An op with an epilogue declared a member fails here, not on a Blackwell GPU."""
+    torch.manual_seed(1)
+    op = OPS[name]
+    args = operands(op, (3,), 64, 256)
+    x2 = args[0].reshape(-1, 256)
+    got = ops.fallback(name)(x2, *args[1:]).double()
+    w = args[1].double() * (args[2].double().reshape(-1, 1) if op.scaled else 1)
+    want = x2.double() @ w.t()
+    assert got.shape == want.shape and bool(((got - want).abs() <= bf16_ulp(want) + 1e-3 * want.abs().max()).all()), (
+        f"{name} is declared in the skinny-GEMM family, but its fallback does not compute x . (w * scale)^T"
+    )
 
 
 def test_errors_name_the_argument() -> None:

@@ -1,7 +1,9 @@
 """The import graph has the pipeline's shape: no circle, counting imports inside functions, and each layer
 imports only what lies below it (device -> plugins -> settings/tuning -> profile -> kernels -> ops, tools on top).
 
-Imports under ``if TYPE_CHECKING:`` are left out: they never run, so they cannot close a circle at run time.
+Imports under ``if TYPE_CHECKING:`` never run, but a circle through them is still a knot a reader (and a type
+checker) must untie: the no-circle test counts them too (a record or protocol in a leaf module breaks such a
+circle); the layering tests read the imports that run.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ def _is_type_checking(node: ast.If) -> bool:
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import that can run: at module level, in functions and classes; not under ``if TYPE_CHECKING:``."""
+def _import_nodes(tree: ast.AST, typing_too: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import that can run: at module level, in functions and classes; under ``if TYPE_CHECKING:`` only if ``typing_too``."""
     todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not typing_too:
             todo.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -66,7 +68,7 @@ def _own_lazy_import(node: ast.AST) -> ast.ImportFrom | None:
     return ast.ImportFrom(module=None, names=[ast.alias(tail.value[1:])], level=1, lineno=node.lineno)
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+def imports_of(name: str, path: Path, known: set[str], typing_too: bool = False) -> set[str]:
     """The modules of ``known`` that module ``name`` (file ``path``) imports anywhere it can run.
 
     Relative imports are resolved against ``name``'s package. ``from pkg import sub`` (``sub`` a module)
@@ -78,7 +80,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     here = name.split(".") if is_pkg else name.split(".")[:-1]
     mine = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)} | ({name} if is_pkg else set())
     out: set[str] = set()
-    for node in _import_nodes(ast.parse(path.read_text())):
+    for node in _import_nodes(ast.parse(path.read_text()), typing_too):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         else:
@@ -101,9 +103,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
-def graph_of(pkg_dir: Path, pkg: str) -> dict[str, set[str]]:
+def graph_of(pkg_dir: Path, pkg: str, typing_too: bool = False) -> dict[str, set[str]]:
     mods = _modules(pkg_dir, pkg)
-    return {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
+    return {m: imports_of(m, p, set(mods), typing_too) for m, p in mods.items()}
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -145,6 +147,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 GRAPH = graph_of(PKG, "hwprofile")
+#: with the imports under ``if TYPE_CHECKING:``: what a reader and a type checker follow
+TYPED_GRAPH = graph_of(PKG, "hwprofile", typing_too=True)
 
 
 def test_a_sibling_module_is_not_an_import_of_the_package(tmp_path: Path) -> None:
@@ -163,13 +167,51 @@ def test_the_graph_sees_function_level_imports() -> None:
     tree = ast.parse(src)
     found = {n.module for n in _import_nodes(tree) if isinstance(n, ast.ImportFrom)}
     assert found == {"typing", "c"}
+    assert {a.name for n in _import_nodes(tree, typing_too=True) for a in n.names} == {"TYPE_CHECKING", "b", "x"}
 
 
 def test_no_import_circle() -> None:
-    found = circles(GRAPH)
-    assert not found, "import circles (imports inside functions, and the packages a submodule's import runs, counted):\n" + "\n".join(
-        " -> ".join(c) for c in found
+    found = circles(TYPED_GRAPH)
+    assert not found, (
+        "import circles (imports inside functions, under TYPE_CHECKING, and the packages a submodule's import runs, counted):\n"
+        + "\n".join(" -> ".join(c) for c in found)
     )
+
+
+def test_the_circle_check_sees_a_type_checking_import(tmp_path: Path) -> None:
+    """A circle closed only by an ``if TYPE_CHECKING:`` import is found (hookspecs typing ``Profile`` was one)."""
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n")
+    assert circles(graph_of(pkg, "p")) == []
+    assert circles(graph_of(pkg, "p", typing_too=True)) == [["p.a", "p.b", "p.a"]]
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's floor in a graph without circles: 0 for a module importing none of the package, else one above
+    the highest module it imports (so every import goes down: none climbs)."""
+    out: dict[str, int] = {}
+
+    def floor(m: str) -> int:
+        if m not in out:
+            out[m] = 1 + max((floor(t) for t in graph[m]), default=-1)
+        return out[m]
+
+    for m in graph:
+        floor(m)
+    return out
+
+
+def test_the_leaves_every_layer_shares_sit_below_their_readers() -> None:
+    """The version and the registry's records on the ground floors; the stamps below settings and tuning, which read them."""
+    assert not circles(TYPED_GRAPH)  # floors need a graph without circles (test_no_import_circle names them)
+    f = floors(TYPED_GRAPH)
+    for leaf in ("hwprofile._version", "hwprofile._registry_records", "hwprofile.errors"):
+        assert f[leaf] <= 1, f"{leaf} is on floor {f[leaf]}: it imports {sorted(TYPED_GRAPH[leaf])}"
+    assert f["hwprofile.stamps"] < min(f["hwprofile.settings"], f["hwprofile.tuning"], f["hwprofile.registry"])
+    assert "hwprofile.profiles" not in reachable(TYPED_GRAPH, "hwprofile.hookspecs")  # hooks type a protocol
 
 
 def test_a_submodule_import_runs_its_package(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def test_lazy_table_all_and_type_checking_block_agree() -> None:
                 assert isinstance(imp, ast.ImportFrom) and imp.module is not None
                 typed |= {a.name: imp.module for a in imp.names}
     assert typed == hwprofile._LAZY
-    assert sorted(hwprofile.__all__) == hwprofile.__all__ == sorted([*hwprofile._LAZY, "__version__"])
+    assert sorted(hwprofile.__all__) == hwprofile.__all__ == sorted(hwprofile._LAZY)
     for name in hwprofile.__all__:
         assert getattr(hwprofile, name) is not None
 

@@ -19,6 +19,7 @@ Plugin authors import from :mod:`hwprofile.plugin`.
 # checkers the same names, and tests/package/test_public_api.py keeps the three lists in step.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._version import __version__
     from .device import DeviceInfo
     from .errors import AgreementError, DeviceError, HwprofileError, KernelError, PluginError, SettingError, WriteError
     from .hookspecs import hookimpl
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from .registry import ArchSpec, PluginInfo
     from .retune import tune
     from .settings import EnvDefault, ResolvedSetting, Setting, Value
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AgreementError",
@@ -74,6 +73,7 @@ _LAZY = {
     "SettingError": "errors",
     "Value": "settings",
     "WriteError": "errors",
+    "__version__": "_version",
     "detect": "profiles",
     "hookimpl": "hookspecs",
     "profile": "profiles",

@@ -9,49 +9,18 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from . import _env
+from ._cli_common import _fmt, _profile, _sm
+from ._cli_compile import cmd_cache, cmd_compile
+from ._cli_sweep import cmd_sweep, cmd_tune
 from ._redact import redacted_output
 from ._text import table
-from .errors import DeviceError, HwprofileError, ToolchainError
+from .errors import DeviceError, HwprofileError
 from .optable import TABLE
-
-
-def _fmt(v: Any, key: str = "") -> str:
-    if key.endswith(".measured") and isinstance(v, str) and v:  # a per-shape table: its size here, its entries in explain
-        n = len(v.replace(";", " ").split())
-        return f"<{n} measured shape{'s' if n != 1 else ''}>"
-    if key.endswith(".model") and isinstance(v, str) and v:  # a cost model: whether it was fitted here, its text in explain
-        fitted = next((f.split("=", 1)[1].strip() for f in v.split(";") if f.strip().startswith("samples=")), "0")
-        return f"<cost model fitted on {fitted} samples>" if fitted not in ("", "0") else "<cost model: a default, not fitted>"
-    return json.dumps(v) if isinstance(v, (bool, str)) or v is None else str(v)
-
-
-def _sm(d: Any) -> str:
-    return f"{d.sm}, simulated" if d.simulated else d.sm
-
-
-def _progress(enabled: bool, width: int) -> Any:
-    """A progress callback drawing a bar on stderr, or ``None`` when stderr is not a terminal."""
-    if not enabled or not sys.stderr.isatty():
-        return None
-
-    def progress(done: int, total: int, what: str) -> None:
-        bar = "#" * (20 * done // total)
-        print(f"\r[{bar:<20}] {done}/{total} {what}".ljust(width), end="\n" if done == total else "", file=sys.stderr, flush=True)
-
-    return progress
-
-
-def _profile(args: argparse.Namespace) -> Any:
-    from .profiles import profile
-
-    return profile(args.device)
-
 
 #: Version of ``hwprofile show --json``'s layout (its ``format`` key); keys are only ever added under one number.
 SHOW_FORMAT = 1
@@ -65,7 +34,8 @@ def show_document(prof: Any) -> dict[str, Any]:
     ``stats`` are the dispatch counters of the process that prints them: ``{}`` from the ``hwprofile``
     program (no op ran there), real counts when an engine calls ``main(["show", "--json"])`` itself.
     """
-    from . import __version__, _remote, _verdicts
+    from . import _remote, _verdicts
+    from ._version import __version__
 
     doc = {"format": SHOW_FORMAT, "hwprofile": __version__, **prof.as_dict()}
     doc["verification"] = _verdicts.summary(prof)  # per op with a kernel: on/off and who decided, verdicts passed and failed
@@ -232,8 +202,8 @@ def _models_hint() -> str:
 
 def version_text() -> str:
     """``hwprofile --version``: core, then every plugin, from package metadata (no plugin is imported)."""
-    from . import __version__
     from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points, natural_key
+    from ._version import __version__
 
     lines = [f"hwprofile {__version__} (Python {sys.version.split()[0]})"]
     for ep in sorted(find_entry_points(ENTRY_POINT_GROUP), key=lambda e: natural_key(e.name)):
@@ -261,28 +231,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.key in TABLE:
         return _explain_decision(prof, args)
     if args.list or args.key is None:
-        if args.json:
-            print(json.dumps({k: {"value": s.value, "source": s.winner.source, "doc": s.setting.doc, "env_var": s.setting.env_var}
-                              for k, s in prof.settings.items()}, indent=2, default=str))
-            return 0
-        rows = [[k, _fmt(s.value, k), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
-        print(table(rows, ["setting", "value", "override with", "what it does"]))
-        if not args.list:
-            print("\nhwprofile explain KEY shows where a value comes from")
-        return 0
+        return _explain_list(prof, args)
     r = prof.explain(args.key)
     if args.json:
-        from . import tuning
-
-        doc = r.as_dict()
-        for layer, out in zip(r.chain, doc["chain"], strict=True):
-            if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
-                c = tuning.assess(prof, layer.stamp)
-                out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
-        doc["unmeasured"] = tuning.unmeasured(prof).get(args.key)
-        doc["selftest"] = _selftest_line(prof, args.key)
-        print(json.dumps(doc, indent=2, default=str))
-        return 0
+        return _explain_json(prof, r, args.key)
     s = r.setting
     print(f"{s.key} = {_fmt(r.value, s.key)}   (from {r.winner.source})")
     print(f"  {s.doc}")
@@ -294,23 +246,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         why = f"  ({layer.reason})" if layer.reason else ""
         print(f"   {mark} {layer.kind:<10} {_fmt(layer.value, s.key):<8} {layer.source}{why}")
         if layer.stamp is not None:
-            from . import tuning
-
-            st = layer.stamp
-            fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
-            print(
-                f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, "
-                f"kernel {st.kernel[:12]}{f', plan {st.plan[:12]}' if st.plan else ''}, against {fb}"
-            )
-            c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
-            for what in c.stale:
-                print(f"        STALE{' (ignored)' if not layer.applied else ''}: {what}")
-            for what in c.notes:
-                print(f"        note: {what}")
-            for what in c.unknown:
-                print(f"        {what}")
-            if c.stale:
-                print(f"        re-measure with: hwprofile sweep {st.op}")
+            _print_stamp(prof, layer)
     if s.key.endswith(".measured") and r.value:
         _print_measured(s.key, r.value, r.winner.source)
     if s.key.endswith(".model") and r.value:
@@ -327,6 +263,55 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if verdict is not None and op is not None:
         print(f"  self-test of the {op.name} kernel on this device: {verdict}")
     return 0
+
+
+def _explain_list(prof: Any, args: argparse.Namespace) -> int:
+    """``hwprofile explain`` / ``--list``: every setting, its value and what overrides it (``--json``: as JSON)."""
+    if args.json:
+        print(json.dumps({k: {"value": s.value, "source": s.winner.source, "doc": s.setting.doc, "env_var": s.setting.env_var}
+                          for k, s in prof.settings.items()}, indent=2, default=str))
+        return 0
+    rows = [[k, _fmt(s.value, k), s.setting.env_var, s.setting.doc] for k, s in prof.settings.items()]
+    print(table(rows, ["setting", "value", "override with", "what it does"]))
+    if not args.list:
+        print("\nhwprofile explain KEY shows where a value comes from")
+    return 0
+
+
+def _explain_json(prof: Any, r: Any, key: str) -> int:
+    """``hwprofile explain KEY --json``: the resolution, each stamped layer's comparison, the unmeasured and self-test notes."""
+    from . import tuning
+
+    doc = r.as_dict()
+    for layer, out in zip(r.chain, doc["chain"], strict=True):
+        if isinstance(layer.stamp, tuning.Stamp):  # what differs now, by kind (stale / note / cannot tell)
+            c = tuning.assess(prof, layer.stamp)
+            out["comparison"] = {"stale": list(c.stale), "notes": list(c.notes), "unknown": list(c.unknown)}
+    doc["unmeasured"] = tuning.unmeasured(prof).get(key)
+    doc["selftest"] = _selftest_line(prof, key)
+    print(json.dumps(doc, indent=2, default=str))
+    return 0
+
+
+def _print_stamp(prof: Any, layer: Any) -> None:
+    """A stamped layer's measurement and what differs from the running system now (stale, notes, cannot tell)."""
+    from . import tuning
+
+    st = layer.stamp
+    fb = ", ".join(f"{k} {v}" for k, v in st.fallback.items())
+    print(
+        f"        measured {st.date or '?'} on {st.device} with {st.plugin} {st.plugin_version}, "
+        f"kernel {st.kernel[:12]}{f', plan {st.plan[:12]}' if st.plan else ''}, against {fb}"
+    )
+    c = tuning.assess(prof, st) if isinstance(st, tuning.Stamp) else tuning.Comparison()
+    for what in c.stale:
+        print(f"        STALE{' (ignored)' if not layer.applied else ''}: {what}")
+    for what in c.notes:
+        print(f"        note: {what}")
+    for what in c.unknown:
+        print(f"        {what}")
+    if c.stale:
+        print(f"        re-measure with: hwprofile sweep {st.op}")
 
 
 def _selftest_line(prof: Any, key: str) -> str | None:
@@ -467,587 +452,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     report = collect()
     print(json.dumps(report.as_dict(), indent=2) if args.json else render(report))
     return 1 if report.failed else 0
-
-
-def _check_compile_environment(reg: Any) -> None:
-    """What ``profile()`` checks of the environment, for ``compile`` (which builds no profile).
-
-    Invalid control values (``HWPROFILE_CACHE``, ``HWPROFILE_STRICT``, ...) are one error here, not one per
-    kernel instance; unknown ``HWPROFILE_*`` names warn once, against every installed plugin's settings.
-    """
-    from .settings import CORE_SETTINGS, SettingsResolver, check_environment
-
-    resolver = SettingsResolver()
-    resolver.declare(CORE_SETTINGS, by="hwprofile core")
-    for p in reg.plugins.values():
-        decl = reg._call_plugin("hwprofile_declare_settings", p)
-        if decl is not None:
-            resolver.declare(decl, by=p.label, namespace=p.name)
-    check_environment(os.environ, (s.env_var for s in resolver.declared.values()))  # every control variable (_env.VARS)
-    resolver.add_user_env(os.environ)  # a bad value of any setting's variable (HWPROFILE_ROUTER_GEMM_MAX_TOKENS=x) is an error
-
-
-#: ``hwprofile compile``'s table, explained under it (the columns a reader cannot guess).
-COMPILE_LEGEND = (
-    "instances: compiled = NVRTC ran now; cached = read from the kernel cache; N shared with OP = the same\n"
-    "  instances as OP's (one cache entry, compiled once). per inst. = time / (compiled + cached); cubins = size\n"
-    "  of the kernel's cubins; max regs = registers per thread; spill B = bytes spilled to local memory (0 expected)"
-)
-
-
-def _share_instances(work: list[tuple[Any, str]], kernels: Any) -> tuple[list[tuple[Any, str]], list[dict[str, int]]]:
-    """Give each cache entry to one (spec, target): ops may share instances (same source, options and
-    name expression: one key). The first spec compiles it; the others list it as shared (instance ->
-    index of the owner in ``work``), so a first compile never calls a freshly built entry "cached"."""
-    owners: dict[str, int] = {}
-    deduped: list[tuple[Any, str]] = []
-    shared: list[dict[str, int]] = []
-    for i, (spec, target) in enumerate(work):
-        own: list[str] = []
-        theirs: dict[str, int] = {}
-        for expr in spec.instances:
-            try:
-                key = kernels.cache_key(spec, target, (expr,))
-            except Exception:  # noqa: BLE001 - compiling it reports the fault, in its row
-                own.append(expr)
-                continue
-            if key in owners:
-                theirs[expr] = owners[key]
-            else:
-                owners[key] = i
-                own.append(expr)
-        deduped.append((spec.replace(instances=tuple(own)), target))
-        shared.append(theirs)
-    return deduped, shared
-
-
-def _add_shared(r: Any, spec: Any, theirs: dict[str, int], reports: list[Any], kernels: Any) -> None:
-    """Count ``theirs`` (instance -> index of the report that compiled it) into ``r``: the memoised
-    entry gives its cubin and registers; an owner's failure is this instance's too."""
-    for expr, i in theirs.items():
-        owner, op = reports[i], reports[i].spec.op
-        failed = [e for e in owner.errors if e.startswith(f"{expr}: ")]
-        if failed:
-            r.errors.append(f"{expr}: shared with {op}, which failed to build it (above)")
-            continue
-        try:
-            c = kernels.compile_spec(spec, r.target, (expr,))  # built this run: the in-process memo answers
-        except Exception as exc:  # noqa: BLE001 - reported in the row
-            r.errors.append(f"{expr}: {exc}")
-            continue
-        r.cubin_bytes += len(c.cubin)
-        if c.registers is not None:
-            r.registers = max(r.registers or 0, c.registers)
-        r.spill_bytes = max(r.spill_bytes, c.spill_bytes or 0)
-
-
-def _owners(theirs: dict[str, int], work: list[tuple[Any, str]]) -> list[str]:
-    return list(dict.fromkeys(work[i][0].op for i in sorted(set(theirs.values()))))
-
-
-def _warm_work(reg: Any, work: list[tuple[Any, str]], args: argparse.Namespace) -> list[tuple[Any, str]]:
-    """``--warm`` / ``--models``: each (spec, target) cut to the instances its target's profile dispatches those shapes to.
-
-    Routing is the ops' own (``hwprofile.ops._warmup.plan``: ``decide`` on the profile of a device of
-    that capability, simulated), so the cache holds exactly what ``hwprofile.ops.warmup`` would load.
-    """
-    from .device import DeviceInfo
-    from .models import load as load_models
-    from .models import select
-    from .ops import _warmup
-    from .profiles import build_profile
-
-    shapes: dict[str, list[tuple[int, int, int]]] = {}
-    try:
-        if args.warm:
-            shapes = _warmup.parse_shapes(args.warm)
-        names = [n for n in (args.models or "").split(",") if n.strip()]
-        if names:
-            select(load_models(), names)  # an unknown model is one error listing the known ones
-        wanted = _warmup.shapes_of(shapes, names)
-    except ValueError as exc:
-        raise HwprofileError(str(exc)) from None
-    out: list[tuple[Any, str]] = []
-    profiles: dict[str, Any] = {}
-    for spec, target in work:
-        prof = profiles.get(target)
-        if prof is None:
-            cc = next(cc for p in reg.arch_plugins if p.arch for cc, t in p.arch.targets.items() if t == target)
-            prof = profiles[target] = build_profile(DeviceInfo(0, f"compile-only {target}", cc, simulated=True), reg, os.environ)
-        exprs = [
-            p.launch.name_expression
-            for p in _warmup.plan(prof, {spec.op: wanted.get(spec.op, [])}, bool(prof["gemv.split_k"]))
-            if p.launch is not None and prof.kernels.get(spec.op) is not None and prof.kernels[spec.op].source == spec.source
-        ]
-        out.append((spec.replace(instances=tuple(dict.fromkeys(exprs))), target))
-    return out
-
-
-def cmd_compile(args: argparse.Namespace) -> int:
-    from . import kernels
-    from ._entrypoints import natural_key
-    from .device import DeviceInfo
-    from .kernels.cache import LAYER_SUBDIR, open_layer_for_writing
-    from .profiles import registry
-
-    layers = [args.output] if args.output is not None else []
-    if args.package is not None:
-        _check_layer_package(args.package, args.package_name)  # before anything is created: never over a user's project
-        layers.append(args.package / "src" / _layer_package_name(args.package_name) / LAYER_SUBDIR)
-    for layer in layers:  # before any compile: a bad --output is one line, not minutes of NVRTC later
-        os.close(open_layer_for_writing(layer))
-    reg = registry()
-    wanted = None if args.arch in (None, "all") else {a.strip() for a in args.arch.split(",") if a.strip()}
-    if wanted is not None and not wanted:
-        raise HwprofileError(f"--arch {args.arch!r} names no target; give targets like sm_90a,sm_100a, or 'all'")
-    work = []
-    for p in sorted(reg.arch_plugins, key=lambda p: natural_key(p.name)):
-        assert p.arch is not None
-        for cc, target in p.arch.targets.items():
-            if wanted is not None and target not in wanted:
-                continue
-            dev = DeviceInfo(0, f"compile-only {target}", cc, simulated=True)
-            specs = reg._call_plugin("hwprofile_kernels", p, device=dev, target=target) or []
-            for spec in specs:
-                work.append((spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}"), target))
-    if wanted:
-        known = {t for p in reg.arch_plugins if p.arch for t in p.arch.targets.values()}
-        missing = wanted - known
-        if missing:
-            raise HwprofileError(
-                f"no installed plugin targets {', '.join(sorted(missing, key=natural_key))}; "
-                f"installed targets: {', '.join(sorted(known, key=natural_key))}"
-            )
-    if not work:
-        print("nothing to compile: no architecture plugin is installed")
-        return 0
-    _check_compile_environment(reg)  # the control variables and typos profile() would check, once
-    try:  # once, before any kernel: a missing NVRTC is one line, not one error per kernel instance
-        kernels.check_toolchain()
-    except ToolchainError as exc:
-        raise HwprofileError(f"cannot compile: {exc}") from None
-    from .kernels import cache as kcache
-
-    kcache.check_layers()  # once, before any kernel: a cache directory that is a file or a link is one error, not one per instance
-    if args.warm or args.models:
-        work = _warm_work(reg, work, args)
-    t0 = time.perf_counter()
-    deduped, shared = _share_instances(work, kernels)
-    reports = kernels.compile_all(deduped, args.jobs, _progress(not args.json, 60))
-    for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
-        _add_shared(r, spec, theirs, reports, kernels)
-    failed = [r for r in reports if r.errors]
-    notes = []
-    for layer in layers if not failed else []:
-        written, present = kernels.fill_layer([(r.spec, r.target) for r in reports], layer)
-        notes.append(f"cache layer {layer}: {written} entries written, {present} already there")
-    if args.package is not None and not failed:
-        _write_layer_package(args.package, args.package_name, [r.target for r in reports])
-        notes.append(f"layer package {args.package}: build its wheel with 'pip wheel --no-deps {args.package}'")
-    layer_note = "\n".join(notes)
-    if args.json:
-        out = [
-            {"op": spec.op, "plugin": spec.plugin, "target": r.target, "instances": len(spec.instances), "compiled": r.compiled,
-             "cached": r.cached, "shared": len(theirs), "shared_with": _owners(theirs, work), "seconds": round(r.seconds, 3),
-             "cubin_bytes": r.cubin_bytes, "registers": r.registers, "spill_bytes": r.spill_bytes, "errors": r.errors}
-            for r, (spec, _target), theirs in zip(reports, work, shared, strict=True)
-        ]
-        print(json.dumps(out, indent=2))
-    else:
-        rows = []
-        for r, (spec, _target), theirs in zip(reports, work, shared, strict=True):
-            if r.errors:
-                state = "FAILED"
-            else:
-                parts = [f"compiled {r.compiled}"] if r.compiled else []
-                parts += [f"cached {r.cached}"] if r.cached else []
-                parts += [f"{len(theirs)} shared with {', '.join(_owners(theirs, work))}"] if theirs else []
-                state = ", ".join(parts) or "none"
-            n = r.compiled + r.cached
-            rows.append([
-                spec.op, spec.plugin, r.target, state, f"{r.seconds:.2f}s", f"{r.seconds / n:.2f}s" if n else "-",
-                f"{r.cubin_bytes // 1024} KiB", str(r.registers or "?"), str(r.spill_bytes),
-            ])
-        print(table(rows, ["kernel", "plugin", "target", "instances", "time", "per inst.", "cubins", "max regs", "spill B"]))
-        print(COMPILE_LEGEND)
-        print(f"{len(reports) - len(failed)}/{len(reports)} kernels ready in {time.perf_counter() - t0:.1f}s wall (jobs={args.jobs})")
-        if layer_note:
-            print(layer_note)
-        for r in failed:
-            print(f"\n{r.spec.op} for {r.target}:\n" + "\n".join(r.errors), file=sys.stderr)
-    return 1 if failed else 0
-
-
-def _layer_package_name(dist: str) -> str:
-    """The import name of a layer distribution: ``hwprofile-sm90-cubins`` -> ``hwprofile_sm90_cubins``."""
-    import re
-
-    name = re.sub(r"[^A-Za-z0-9]+", "_", dist).strip("_").lower()
-    if not name or name[0].isdigit():
-        raise HwprofileError(f"--package-name {dist!r} is not a distribution name; write e.g. hwprofile-sm90-cubins")
-    return name
-
-
-def _check_layer_package(root: Path, dist: str) -> None:
-    """``--package DIR``: a valid distribution name, and DIR absent, empty, or a layer package hwprofile wrote before."""
-    import re
-
-    from .kernels.cache import LAYER_GROUP
-
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", dist):
-        raise HwprofileError(f"--package-name {dist!r} is not a distribution name (PEP 508); write e.g. hwprofile-sm90-cubins")
-    _layer_package_name(dist)
-    if root.is_dir() and any(root.iterdir()):
-        project = root / "pyproject.toml"
-        ours = project.is_file() and not project.is_symlink() and LAYER_GROUP in project.read_text(errors="replace")
-        if not ours:
-            raise HwprofileError(
-                f"--package {root} is a non-empty directory that is not a layer package hwprofile wrote; its files would be "
-                "replaced: choose an empty or new directory"
-            )
-    elif root.exists() and not root.is_dir():
-        raise HwprofileError(f"--package {root} exists and is not a directory; choose a new directory")
-
-
-def _write_layer_package(root: Path, dist: str, targets: list[str]) -> None:
-    """The project of a wheel that ships the layer under ``src/<package>/cubins``, found through the ``hwprofile.cubins`` group."""
-    from . import __version__
-    from ._files import atomic_write, ensure_directory
-    from .kernels.cache import LAYER_GROUP, LAYER_SUBDIR
-
-    pkg = _layer_package_name(dist)
-    arch = ", ".join(sorted(set(targets)))
-    ensure_directory(root / "src" / pkg, what="layer package")
-    doc = f'"""Prebuilt hwprofile kernels ({arch}): a read-only kernel cache layer, found through the {LAYER_GROUP} entry point group."""\n'
-    atomic_write(root / "src" / pkg / "__init__.py", doc, what="layer package")
-    atomic_write(root / "pyproject.toml", f"""[build-system]
-requires = ["setuptools>=77"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "{dist}"
-version = "{__version__}"
-description = "Prebuilt hwprofile kernels for {arch}: a read-only kernel cache layer"
-requires-python = ">=3.11"
-# entries are keyed by hwprofile's version, the plugins', NVRTC's build and every header: pin what built them
-dependencies = ["hwprofile=={__version__}"]
-
-[project.entry-points."{LAYER_GROUP}"]
-{pkg} = "{pkg}"
-
-[tool.setuptools.packages.find]
-where = ["src"]
-
-[tool.setuptools.package-data]
-{pkg} = ["{LAYER_SUBDIR}/*.cubin"]
-""", what="layer package")
-
-
-def cmd_cache(args: argparse.Namespace) -> int:
-    import stat
-
-    from .kernels import cache as kcache
-
-    if args.action == "clear":
-        report = kcache.clear()
-        print(f"removed {report.removed} entries from {report.path}")
-        for note in report.skipped:
-            print(f"  left alone: {note}")
-        if report.foreign:
-            print(f"  left alone: {report.foreign} files hwprofile did not write (only its own entries are ever removed)")
-        return 0
-    enabled = kcache.cache_enabled()
-    print(f"cache: {'enabled' if enabled else f'disabled by {_env.CACHE.name}=off'}")
-    total = total_size = 0
-    with kcache.open_layers(create=False) as layers:
-        if not layers.read:
-            print(f"layer {kcache.configured_dirs()[-1]} (write): absent, created on the first compile")
-        for layer in layers.read:
-            n = size = 0
-            for name in os.listdir(layer.fd):
-                if kcache.is_entry_name(name):
-                    st = os.stat(name, dir_fd=layer.fd, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        n, size = n + 1, size + st.st_size
-            role = "write" if layer.writable else f"read-only, {layer.origin}"
-            print(f"layer {layer.path} ({role}): {n} entries, {size / 1024:.0f} KiB")
-            total, total_size = total + n, total_size + size
-    print(f"entries: {total}, {total_size / 1024:.0f} KiB")
-    return 0
-
-
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    """``"1..16"`` or ``"1,2,4"`` -> list of positive ints; anything else is an error naming ``flag``."""
-    if not text:
-        return None
-    try:
-        if ".." in text:
-            a, b = text.split("..", 1)
-            out = list(range(int(a), int(b) + 1))
-        else:
-            out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise HwprofileError(f"{flag} {text!r} is invalid: write a range (1..16) or a comma list (1,2,4) of positive integers") from None
-    if not out or min(out) < 1:
-        raise HwprofileError(f"{flag} {text!r} is invalid: it must name at least one size, each a positive integer")
-    return out
-
-
-def _check_tuned_output(out: Path) -> None:
-    """The tuned file and its raw samples (``samples/<name>`` beside it): what :func:`hwprofile.sweep.write` will refuse."""
-    from ._files import check_writable
-    from .tuning import SAMPLES_DIR
-
-    check_writable(out, what="tuned file")
-    check_writable(out.parent / SAMPLES_DIR / out.name, what="sweep samples")
-
-
-def _check_plot(plot: Path, output: Path | None) -> None:
-    """``--plot``: matplotlib importable, a format it writes, a path hwprofile may write (before any measuring)."""
-    from ._files import check_writable
-
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise HwprofileError(
-            f"--plot {plot} needs matplotlib, which cannot be imported here ({exc}); pip install matplotlib, or leave --plot out"
-        ) from None
-    if output is not None and os.path.abspath(plot) == os.path.abspath(output):
-        raise HwprofileError(f"--plot {plot} is also the --output tuned file: the plot would replace it; choose another path")
-    fmt = plot.suffix.lstrip(".").lower() or "png"
-    formats = Figure().canvas.get_supported_filetypes()
-    if fmt not in formats:
-        raise HwprofileError(f"--plot {plot}: matplotlib cannot write .{fmt} files; use one of .{', .'.join(sorted(formats))}")
-    check_writable(plot, what="plot")
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Everything the user gave (grid, output paths, plot) is checked before the device is touched: a
-    refused path or a missing matplotlib must not end minutes of GPU work."""
-    from . import sweep, tuning
-    from .tuning import SAMPLES_DIR, tuned_dir
-
-    grid, box = _sweep_grid(args)  # before the device: a bad model file or name is an error on any machine
-    if args.output is not None:
-        _check_tuned_output(args.output)
-    if args.plot is not None:
-        _check_plot(args.plot, args.output)
-    if args.regret_plot is not None:
-        if not args.report:
-            raise HwprofileError(f"--regret-plot {args.regret_plot} is written by --report: add --report, or leave --regret-plot out")
-        _check_plot(args.regret_plot, args.output)
-    try:
-        prof = _profile(args)
-    except DeviceError as exc:
-        why = str(exc).split(". Simulate one", 1)[0]  # simulation cannot time kernels: leave that advice out
-        raise HwprofileError(f"sweep times real kernels and needs a real NVIDIA GPU ({why}); run it on the GPU host") from None
-    if prof.device.simulated:
-        raise HwprofileError(
-            f"sweep times real kernels: {prof.device.name} is simulated (unset {_env.DEVICE.name} / --simulate and run on the GPU)"
-        )
-    out = args.output
-    if out is None:
-        out = tuned_dir(prof.device, os.environ) / f"{args.op}.toml"  # no home: an error naming HWPROFILE_CONFIG_DIR
-        _check_tuned_output(out)
-    if args.report and args.regret_plot is None:  # the default regret plot beside the samples, checked before measuring
-        _check_plot(out.parent / SAMPLES_DIR / f"{out.stem}-regret.png", out)
-    try:
-        import torch
-    except ImportError:
-        raise HwprofileError("sweep needs torch with CUDA, which is not installed here: install a CUDA build of torch") from None
-    if not torch.cuda.is_available():
-        raise HwprofileError("sweep needs a GPU that torch can use; torch.cuda.is_available() is False: check that torch is a CUDA build, "
-                             "the NVIDIA driver, and CUDA_VISIBLE_DEVICES")
-    if prof.plugin is None or args.op not in prof.kernels:
-        raise HwprofileError(f"no installed plugin provides a {args.op} kernel for {prof.device.sm}: nothing to tune")
-    doc = sweep.run(prof, args.op, grid, sweep.GpuTimer(prof, reps=args.reps), ties=args.ties, progress=_progress(True, 70), box=box)
-    rows = [
-        [
-            str(r["m"]), str(r["n"]), str(r["k"]),
-            f"{r['kernel_us']:.2f}", f"{r['fallback_us']:.2f}", f"{100 * r['noise']:.1f}%", r["verdict"],
-        ]
-        for r in doc["measurements"]
-    ]
-    print(table(rows, ["M", "N", "K", "kernel us", "fallback us", "noise", "faster"]))
-    measured_key = tuning.measured_key(args.op)
-    print("\n" + "\n".join(f"{k} = {v}" for k, v in doc["thresholds"].items() if k != measured_key))
-    print(f"{measured_key}: one decision for each of the {len(doc['measurements'])} measured shapes (the cost model predicts elsewhere)")
-    for note in doc["sweep"]["notes"]:
-        print(f"note: {note}")
-    samples = sweep.write(doc, out)
-    if samples is not None:
-        print(f"wrote {samples} (raw measurements)")
-    fallback = doc["stamp"]["fallback"]
-    print(f"wrote {out} (stamped against {fallback['function']}, torch {fallback['torch']}, cuBLAS {fallback['cublas']})")
-    if args.plot:
-        sweep.plot(doc, args.plot)
-        print(f"wrote {args.plot}")
-    if args.report:
-        _sweep_report(prof, doc, args.regret_plot or out.parent / SAMPLES_DIR / f"{out.stem}-regret.png", args.models_file)
-    return 0
-
-
-def _sweep_grid(args: argparse.Namespace) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    """(every shape to measure, the box edges the threshold rule is chosen from) for ``hwprofile sweep``.
-
-    By default the served-model catalog's shapes plus the op table's grid (the box edges);
-    ``--models``/``--models-file`` narrow or extend the catalog; ``--shapes``/``--m``/``--n``/``--k``
-    replace the box edges, and then the catalog is measured only if ``--models``/``--models-file`` ask for it.
-    """
-    from . import sweep
-
-    box = sweep.box_grid(args.op)
-    explicit = False
-    if args.shapes:
-        explicit = True
-        try:
-            pairs = [tuple(int(x) for x in s.strip().lower().split("x")) for s in args.shapes.split(",")]
-        except ValueError:
-            pairs = []
-        if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
-            raise HwprofileError(f"--shapes {args.shapes!r} is invalid: write NxK pairs of positive integers, e.g. 4096x7168,2048x16384")
-        box = [(1, n, k) for n, k in pairs]
-    ms, ns, ks = _ints(args.m, "--m"), _ints(args.n, "--n"), _ints(args.k, "--k")
-    if ms or ns or ks:
-        explicit = True
-        box = [
-            (m, n, k)
-            for m in (ms or sorted({g[0] for g in box}))
-            for n in (ns or sorted({g[1] for g in box}))
-            for k in (ks or sorted({g[2] for g in box}))
-        ]
-    names = None if args.models is None else [x for x in args.models.split(",") if x.strip()]
-    if names is not None and not names and not args.models_file:
-        raise HwprofileError("--models names no model; give NAME,NAME ('hwprofile devices' says where the catalog lists them)")
-    asked = names is not None or bool(args.models_file)
-    if explicit and names is None:
-        names = []  # explicit shapes: the shipped catalog only if --models asks for it (a --models-file's models still count)
-    catalog = sweep.model_grid(args.op, names, args.models_file) if names != [] or args.models_file else []
-    if asked:
-        if not catalog:
-            raise HwprofileError(f"the chosen models give {args.op} no shape (a dense model has no router; FP8 needs fp8 = true)")
-    return sorted({*catalog, *box}), box
-
-
-def _sweep_report(prof: Any, doc: dict[str, Any], plot_path: Path, model_files: Any = ()) -> None:
-    """``hwprofile sweep --report``: per measured shape both times, the path the result takes and its regret, the
-    held-out (leave-one-model-out) regret of the cost model; a plot of both."""
-    from . import sweep
-
-    rows = sweep.report(prof, doc)
-    print()
-    print(table(sweep.report_rows(rows), sweep.REPORT_HEADER))
-    worst = max(rows, key=lambda r: r.regret)
-    print(
-        f"\nregret (time of the path taken / time of the faster path): geomean {sweep.geomean(r.regret for r in rows):.4f}, "
-        f"worst {worst.regret:.3f} at M={worst.m} N={worst.n} K={worst.k}"
-    )
-    held = sweep.cross_validate(doc, model_files)
-    if held:
-        from .costmodel import summary
-
-        sm = summary(held)
-        print(
-            f"held out (leave one model out: the cost model fitted without each model's shapes, box edges always in): "
-            f"{sm['shapes']} shapes, geomean {sm['geomean']:.4f}, worst {sm['worst']:.3f} ({sm['worst_at']}), "
-            f"{sm['over']} over 1.05; models held out: {', '.join(map(str, sm['models']))}"  # type: ignore[call-overload]
-        )
-    try:
-        reports: dict[str, Any] = {doc["stamp"]["op"]: rows}
-        if held:
-            reports[f"{doc['stamp']['op']} held out"] = held
-        sweep.plot_regret(reports, plot_path, title=f"{doc['stamp']['device']}, {doc['stamp']['date']}")
-    except ImportError:
-        print("no regret plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
-        return
-    print(f"wrote {plot_path} (regret per shape)")
-
-
-def _op_lines() -> Any:
-    """A progress callback printing one line per op, with that op's points, when stderr is not a terminal (a bar
-    otherwise: :func:`_progress`); a rank's share comes op by op (:func:`hwprofile.retune.split`)."""
-    points: dict[str, int] = {}  # op -> points measured, in the order measured
-
-    def progress(done: int, total: int, what: str) -> None:
-        op = what.split(" ", 1)[0]
-        last = next(reversed(points), "")
-        if last and op != last:
-            print(f"measured {last} ({points[last]} points on this rank)", file=sys.stderr, flush=True)
-        points[op] = points.get(op, 0) + 1
-        if done == total:
-            print(f"measured {op} ({points[op]} points on this rank)", file=sys.stderr, flush=True)
-
-    return progress
-
-
-def _torchrun_job() -> tuple[Any, int] | None:
-    """Under torchrun (``WORLD_SIZE`` > 1): the initialised torch.distributed module and this rank's device; else None."""
-    if int(os.environ.get("WORLD_SIZE", "1") or "1") <= 1 or "MASTER_ADDR" not in os.environ:
-        return None
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        raise HwprofileError("tune under torchrun needs torch with torch.distributed") from None
-    local = int(os.environ.get("LOCAL_RANK", "0") or "0")
-    if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist, local
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    from . import retune
-    from .profiles import detect, profile
-
-    job = None if args.dry_run else _torchrun_job()
-    try:
-        if job is not None:
-            indices = [args.device if args.device is not None else job[1]]
-        elif args.device is not None:
-            indices = [args.device]
-        else:
-            det = detect()
-            if not det.devices:
-                raise HwprofileError(f"tune needs a device: {det.reason}")
-            indices = [d.index for d in det.devices]
-        ops = args.ops.split(",") if args.ops else None
-        plans = []
-        for index in indices:
-            prof = profile(index)
-            p = retune.plan(prof, everything=args.all, ops=ops)
-            plans.append(p)
-            if args.dry_run:
-                continue
-            if p.grids:
-                why = retune.cannot_measure(prof)
-                if why:
-                    raise HwprofileError(
-                        f"tune measures real kernels: {why}. Run it on the GPU host; 'hwprofile tune --dry-run' lists what it would measure"
-                    )
-            progress = _progress(True, 70) or _op_lines()
-            result = retune.tune(index, everything=args.all, ops=ops, reps=args.reps, ties=args.ties, progress=progress)
-            print(result.describe())
-            for path in result.written:
-                print(f"wrote {path}")
-            for f in p.findings:
-                for note in f.leftovers:
-                    print(f"note: {note}")
-        if args.dry_run:
-            if args.json:
-                print(json.dumps({"devices": [p.as_dict(args.reps) for p in plans]}, indent=2))
-                return 0
-            for p in plans:
-                rows = [[f.op, f.status, str(len(p.grids.get(f.op, ()))), "; ".join(f.reasons + f.leftovers) or "-"] for f in p.findings]
-                print(f"device {p.index}: {p.device}")
-                print(table(rows, ["op", "status", "points", "why"]))
-                n = len(p.points())
-                print(f"would measure {n} point(s), about {p.estimate_s(args.reps):.0f} s of GPU time\n" if n else "nothing to measure\n")
-        return 0
-    finally:
-        if job is not None:
-            job[0].destroy_process_group()
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:

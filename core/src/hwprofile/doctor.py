@@ -126,8 +126,9 @@ def _environment(extra: set[str]) -> dict[str, str]:
 
 def collect() -> Report:
     """The whole report, its ``checks`` included (FAIL only for what compiling or running kernels needs and is broken)."""
-    from . import __version__, kernels
+    from . import kernels
     from ._entrypoints import ENTRY_POINT_GROUP, find_entry_points, installed_version, natural_key
+    from ._version import __version__
     from .profiles import detect
 
     r = Report()

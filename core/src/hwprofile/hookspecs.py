@@ -55,19 +55,38 @@ kernel cache finds without loading any plugin or importing the package
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
+    from ._registry_records import ArchSpec, PluginInfo
     from .catalog import CatalogEntry
     from .device import DeviceInfo
     from .kernels.spec import KernelSpec
-    from .profiles import Profile
-    from .registry import ArchSpec
     from .settings import EnvDefault, Setting
 
 PROJECT = "hwprofile"
+
+
+class ProfileView(Protocol):
+    """The ``profile`` a seam hook receives and may return: a :class:`hwprofile.Profile`, typed by what a hook reads.
+
+    A protocol, so that this module imports no profile (the registry imports this module, and profiles the
+    registry: a circle, type-checking imports counted, tests/package/test_import_graph.py).
+    """
+
+    @property
+    def device(self) -> DeviceInfo: ...  # the device profiled
+    @property
+    def plugin(self) -> PluginInfo | None: ...  # the selected architecture plugin
+    @property
+    def target(self) -> str | None: ...  # its NVRTC target
+    @property
+    def kernels(self) -> Mapping[str, KernelSpec]: ...  # op -> kernel
+    @property
+    def fingerprint(self) -> str: ...  # the profile's fingerprint
+    def __getitem__(self, key: str) -> Any: ...  # a resolved setting's value
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 #: Marks a plugin's hook implementation: ``@hookimpl`` (or ``@hookimpl(tryfirst=True)`` to rank a
@@ -193,7 +212,7 @@ def hwprofile_catalog() -> Mapping[str, CatalogEntry] | None:
 
 
 @hookspec
-def hwprofile_first_profile(profile: Profile) -> Profile | None:
+def hwprofile_first_profile(profile: ProfileView) -> ProfileView | None:
     """Take over a real device's first profile before ``profile()`` returns it (core: re-tune stale thresholds).
 
     :param profile: the device's freshly resolved profile, already cached: ``hwprofile.profile()`` for
@@ -215,7 +234,7 @@ def hwprofile_first_profile(profile: Profile) -> Profile | None:
 
 
 @hookspec
-def hwprofile_check_kernels(profile: Profile) -> Mapping[str, str] | None:
+def hwprofile_check_kernels(profile: ProfileView) -> Mapping[str, str] | None:
     """Say which of a real device's kernels must not be dispatched (core: the opt-in self-test).
 
     :param profile: the profile whose dispatch table ``hwprofile.ops`` is building.

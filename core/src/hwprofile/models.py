@@ -74,17 +74,8 @@ class Model(Record):
                 _set(self, key, fields[key])
 
 
-def _entry(name: str, raw: Any, where: str) -> Model:
-    """One catalog entry, checked: every error names the file, the entry and the fix."""
-    what = f"{where}: model '{name}'"
-    if not isinstance(raw, Mapping):
-        raise SettingError(f"{what} is not a table; write it as a table [\"{name}\"] with keys {', '.join(_REQUIRED)}")
-    unknown = sorted(set(raw) - _KNOWN)
-    if unknown:
-        raise SettingError(f"{what}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(_KNOWN))}")
-    missing = [k for k in _REQUIRED if k not in raw]
-    if missing:
-        raise SettingError(f"{what}: missing {', '.join(missing)} (copy them from the model's config.json)")
+def _counts(raw: Mapping[str, Any], what: str) -> dict[str, int]:
+    """The entry's counts (absent: 0), each an int >= 0; hidden, heads and vocab >= 1."""
     ints: dict[str, int] = {}
     for key in _INT_KEYS:
         v = raw.get(key, 0)
@@ -94,7 +85,11 @@ def _entry(name: str, raw: Any, where: str) -> Model:
     for key in ("hidden", "heads", "vocab"):
         if ints[key] < 1:
             raise SettingError(f"{what}: {key} must be >= 1, got {ints[key]}")
-    attention = raw.get("attention", "gqa")
+    return ints
+
+
+def _check_attention(ints: dict[str, int], attention: Any, what: str) -> None:
+    """An 'mla' entry's latent sizes, or a 'gqa' entry's KV heads and head size (filled in from the others when 0)."""
     if attention not in ("gqa", "mla"):
         raise SettingError(f"{what}: attention must be 'gqa' or 'mla', got {attention!r}")
     if attention == "mla":
@@ -106,6 +101,22 @@ def _entry(name: str, raw: Any, where: str) -> Model:
         ints["head_dim"] = ints["head_dim"] or ints["hidden"] // ints["heads"]
         if not ints["head_dim"]:
             raise SettingError(f"{what}: head_dim is 0 (hidden < heads): give head_dim from the config")
+
+
+def _entry(name: str, raw: Any, where: str) -> Model:
+    """One catalog entry, checked: every error names the file, the entry and the fix."""
+    what = f"{where}: model '{name}'"
+    if not isinstance(raw, Mapping):
+        raise SettingError(f"{what} is not a table; write it as a table [\"{name}\"] with keys {', '.join(_REQUIRED)}")
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise SettingError(f"{what}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(_KNOWN))}")
+    missing = [k for k in _REQUIRED if k not in raw]
+    if missing:
+        raise SettingError(f"{what}: missing {', '.join(missing)} (copy them from the model's config.json)")
+    ints = _counts(raw, what)
+    attention = raw.get("attention", "gqa")
+    _check_attention(ints, attention, what)
     tp = raw["tp"]
     if not isinstance(tp, list) or not tp or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tp):
         raise SettingError(f"{what}: tp must be a non-empty list of tensor-parallel degrees >= 1, got {tp!r}")

@@ -24,6 +24,13 @@ NO_SCALE: Final = 0
 TENSOR_SCALE: Final = 1
 ROW_SCALE: Final = 2
 
+#: the shared skinny-GEMM kernel family (``OpDef.family``): ``x . (w * scale)^T`` rounded to the output dtype, one
+#: kernel body per SM (``include/hwprofile/gemv.cuh``) planned by ``hwprofile.kernels.skinny_gemm``
+SKINNY_GEMM: Final = "skinny_gemm"
+FAMILIES: Final = (SKINNY_GEMM,)
+#: ``OpDef.backward`` of an op that is ``x . (w * scale)^T``: ``hwprofile.ops._fallbacks.gemm_backward``
+GEMM_BACKWARD: Final = "gemm"
+
 Bound = int | str  # a constant, or the key of an int setting read from the profile
 SettingDecl = tuple[str, str, object, str, bool, float | None, float | None]  # Setting(key, type, default, doc, bit_identical, min, max)
 
@@ -34,8 +41,10 @@ class OpDef:
 
     __slots__ = (
         "args",
+        "backward",
         "doc",
         "fallback",
+        "family",
         "grads",
         "grid",
         "k_multiple",
@@ -80,20 +89,30 @@ class OpDef:
     grid: tuple[tuple[int, int, int], ...]  #: default sweep grid (M, N, K), and the grid a stamp's launch-plan digest covers
     settings: tuple[SettingDecl, ...]  #: the op's settings, declared here once
     #: the (M, N, K) shapes whose kernel instances ``hwprofile compile`` pre-builds (other shapes compile on first use)
-    #: and the self-test checks; the ops with any are the ones the shared skinny-GEMM family computes
+    #: and the self-test checks; nothing else (family membership is :attr:`family`)
     prebuilt: tuple[tuple[int, int, int], ...]
+    #: the shared kernel family that computes the op on every architecture plugin built on it (:data:`SKINNY_GEMM`:
+    #: ``x . (w * scale)^T`` rounded to ``out_dtype``, planned by ``hwprofile.kernels.skinny_gemm``), or None: the op's
+    #: kernel is a plugin's own. Declared, never inferred: a family member gets the family's plain GEMM on every such
+    #: plugin, so an op with any other math (an epilogue) must say None
+    family: str | None
+    #: the op's gradient formula, by name in ``hwprofile.ops._fallbacks.BACKWARDS`` (:data:`GEMM_BACKWARD`: the gradients
+    #: of ``x . (w * scale)^T`` in fp32 accumulation), or None: the op has no backward, and a call with an operand that
+    #: requires grad (grad mode on) is refused with an error naming the op. Declared, never inferred
+    backward: str | None
     #: which layers of a served model feed the op (``hwprofile.models``, what a catalog sweep and ``warmup(models=)``
     #: take): "router" (the MoE router at the decode batch sizes), "projection" (every weight at M = 1; an FP8-weight op
     #: only where the model is served in FP8), or None (no served layer: its sweep grid only)
     layer: str | None
-    #: the arguments that get gradients (the fallback's math, fp32 accumulation); an argument not
-    #: named here that requires grad in grad mode is refused with an error naming the op and argument
+    #: the arguments that get gradients (through :attr:`backward`; default the first two when it is set, none when it is
+    #: None); an argument not named here that requires grad in grad mode is refused with an error naming the op and argument
     grads: tuple[str, ...]
 
     def __init__(
         self, name: str, doc: str, *, args: tuple[str, ...], w_dtype: str, out_dtype: str, fallback: str,
         max_m: Bound, min_n: Bound, max_n: Bound, min_k: Bound, max_k: Bound, threshold: str, grid: tuple[tuple[int, int, int], ...],
-        settings: tuple[SettingDecl, ...], n_multiple: Bound = 1, k_multiple: Bound = 1, roof: tuple[Bound, Bound] | None = None,
+        settings: tuple[SettingDecl, ...], family: str | None, backward: str | None,
+        n_multiple: Bound = 1, k_multiple: Bound = 1, roof: tuple[Bound, Bound] | None = None,
         x_dtype: str = "bfloat16", scale_modes: tuple[int, ...] = (NO_SCALE,), grads: tuple[str, ...] | None = None,
         prebuilt: tuple[tuple[int, int, int], ...] = (), layer: str | None = None,
     ) -> None:
@@ -109,7 +128,12 @@ class OpDef:
         if layer not in (None, "router", "projection"):
             raise ValueError(f"op {name}: layer {layer!r} is not 'router', 'projection' or None")
         self.layer = layer
-        self.grads = args[:2] if grads is None else grads
+        if family not in (None, *FAMILIES):
+            raise ValueError(f"op {name}: family {family!r} is not one of {FAMILIES} or None (an op with a kernel of its own)")
+        self.family, self.backward = family, backward
+        if backward is None and grads:
+            raise ValueError(f"op {name}: grads {grads} given, but backward is None (the op has no gradient formula)")
+        self.grads = (args[:2] if backward is not None else ()) if grads is None else grads
         if not set(self.grads) <= set(args):
             raise ValueError(f"op {name}: grads {self.grads} names an argument not in {args}")
         declared = {s[0] for s in settings}
@@ -155,8 +179,9 @@ def _kernel_limits(op: str, what: str, *, min_n: int, min_k: int, max_n: int = 2
 
 def _gemv_settings(op: str, what: str, vec: int) -> tuple[SettingDecl, ...]:
     """A GEMV kernel's limits: any K of whole 16-byte loads (``vec`` weight elements: K = 2880 is 180 of 16;
-    the H200 catalog ran fp8_gemv 1x5120x192 in 3.6 µs against the fallback's 10.7), N from 64 in multiples
-    of 8; and an optional N range left to the fallback (off: the cost model decides)."""
+    small K is served: the 2026-12-02 H200 catalog has fp8_gemv 1x5120x192, where the kernel took 3.63 µs,
+    benchmarks/RESULTS.md), N from 64 in multiples of 8; and an optional N range left to the fallback (off:
+    the cost model decides)."""
     return (
         *_kernel_limits(op, what, min_n=64, min_k=vec),
         _int(f"{op}.k_multiple", vec, f"K must be a multiple of this for the {what} (its 16-byte loads)", 1, 1 << 16),
@@ -252,6 +277,8 @@ ROUTER_GEMM = OpDef(
     threshold="max_tokens",
     grid=_ROUTER_GRID,
     prebuilt=tuple(dict.fromkeys((*_ROUTER_GRID, *ROUTER_SHAPES))),
+    family=SKINNY_GEMM,
+    backward=GEMM_BACKWARD,
     layer="router",
     settings=(
         _int(
@@ -281,6 +308,8 @@ LINEAR_BF16_FP32 = OpDef(
     threshold="max_tokens",
     grid=_LINEAR_GRID,
     prebuilt=_LINEAR_GRID,
+    family=SKINNY_GEMM,
+    backward=GEMM_BACKWARD,
     layer="router",
     settings=(
         _int(
@@ -314,6 +343,8 @@ GEMV = OpDef(
     threshold="box",
     grid=_GEMV_GRID,
     prebuilt=GEMV_SHAPES,
+    family=SKINNY_GEMM,
+    backward=GEMM_BACKWARD,
     layer="projection",
     settings=(
         (
@@ -354,6 +385,8 @@ FP8_GEMV = OpDef(
     threshold="box",
     grid=_FP8_GRID,
     prebuilt=FP8_GEMV_SHAPES,
+    family=SKINNY_GEMM,
+    backward=GEMM_BACKWARD,
     layer="projection",
     grads=("x",),  # an e4m3 weight and its scale are quantised, frozen: a gradient for them is refused
     settings=(*_gemv_settings("fp8_gemv", "FP8 e4m3 GEMV kernel (M = 1..16)", 16), _measured("fp8_gemv"), _model("fp8_gemv")),

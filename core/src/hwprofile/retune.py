@@ -144,23 +144,7 @@ def findings(prof: Profile, *, everything: bool = False) -> list[Finding]:
             who = prof.plugin.label if prof.plugin else "no architecture plugin"
             out.append(Finding(op, "no kernel", (f"{who} provides no {op} kernel for {prof.device.sm}",)))
             continue
-        stamped: dict[str, Any] = {}  # source -> stamp of the winning layers
-        unstamped: set[str] = set()
-        ignored: dict[str, str] = {}  # stale tuned files left unapplied: source -> what changed
-        tuned_wins = False
-        for key in decided_keys(op):
-            rs = prof.settings.get(key)
-            if rs is None:
-                continue
-            win = _measured_winner(rs.chain)
-            if isinstance(win.stamp, tuning.Stamp):
-                stamped.setdefault(win.source, win.stamp)
-                tuned_wins = tuned_wins or win.kind == "tuned"
-            else:
-                unstamped.add(win.source)
-            for layer in rs.chain:
-                if not layer.applied and layer.kind == "tuned" and layer.stale:
-                    ignored.setdefault(layer.source, layer.stale)
+        stamped, unstamped, ignored, tuned_wins = _winners(prof, op)
         changed = []
         elsewhere = []
         for source, stamp in stamped.items():
@@ -185,6 +169,31 @@ def findings(prof: Profile, *, everything: bool = False) -> list[Finding]:
             out.append(Finding(op, "forced" if everything else "fresh", ("measured here; re-measured by --all",) if everything else (),
                                leftovers))
     return out
+
+
+def _winners(prof: Profile, op: str) -> tuple[dict[str, Any], set[str], dict[str, str], bool]:
+    """What decides ``op``'s measured settings on ``prof``: the stamps of the winning layers by source, the sources
+    that won unstamped, the stale tuned files left unapplied (source -> what changed), and whether a tuned file won."""
+    from . import tuning
+
+    stamped: dict[str, Any] = {}  # source -> stamp of the winning layers
+    unstamped: set[str] = set()
+    ignored: dict[str, str] = {}  # stale tuned files left unapplied: source -> what changed
+    tuned_wins = False
+    for key in decided_keys(op):
+        rs = prof.settings.get(key)
+        if rs is None:
+            continue
+        win = _measured_winner(rs.chain)
+        if isinstance(win.stamp, tuning.Stamp):
+            stamped.setdefault(win.source, win.stamp)
+            tuned_wins = tuned_wins or win.kind == "tuned"
+        else:
+            unstamped.add(win.source)
+        for layer in rs.chain:
+            if not layer.applied and layer.kind == "tuned" and layer.stale:
+                ignored.setdefault(layer.source, layer.stale)
+    return stamped, unstamped, ignored, tuned_wins
 
 
 def plan(prof: Profile, *, everything: bool = False, ops: Sequence[str] | None = None) -> Plan:
@@ -516,7 +525,7 @@ def tune(
     ``lock_timeout`` seconds. Returns a :class:`TuneResult`; raises :class:`TuneError` (on every rank
     alike) or :class:`hwprofile.WriteError` (the previous files are kept).
     """
-    from . import profiles, sweep, tuning
+    from . import profiles, tuning
 
     t0 = time.perf_counter()
     if capturing():
@@ -533,39 +542,17 @@ def tune(
     mine: dict[str, Any] = {"host": socket.gethostname(), "dir": str(directory), "identity": tuning.device_identity(prof.device)}
     hello = job.exchange(mine, timeout or 120.0, "their devices")
     leader = next(r for r, h in enumerate(hello) if (h["host"], h["dir"]) == (mine["host"], mine["dir"])) == job.rank
-    lock = None
-    fleet: Any = None
+    locks: list[Any] = []  # the host's lock, then the fleet's: released in reverse order
     mine = {"error": None, "lock": True, "why": ""}
+    p: Plan | None = None
     try:
         if leader:
-            try:
-                waited_from = time.monotonic()
-                lock = _HostLock(directory, lock_timeout)
-                mine["lock"] = lock.acquire()
-                if lock.waited and mine["lock"]:
-                    prof = profiles._rebuild(index)  # the process we waited for may have written fresh tables
-                if mine["lock"]:  # the fleet's lock within what is left of the same bound (the other ranks wait on it)
-                    left = max(0.0, lock_timeout - (time.monotonic() - waited_from))
-                    prof, fleet, mine["why"] = _fleet_lock(prof, everything, ops, left)
-                    mine["lock"] = not mine["why"]
-            except HwprofileError as exc:
-                mine["error"] = str(exc)
+            prof = _take_locks(prof, directory, everything, ops, lock_timeout, locks, mine)
         if mine["error"] is None:
-            try:
-                p = plan(prof, everything=everything, ops=ops)
-                why = "" if timer is not None or not p.grids else cannot_measure(prof)
-                if why:
-                    raise TuneError(f"cannot measure on device {index}: {why}")
-                for op in p.grids:
-                    from ._files import check_writable
-
-                    check_writable(directory / f"{op}.toml", what="tuned file")  # before any GPU time is spent
-                mine.update(grids={op: [list(g) for g in grid] for op, grid in p.grids.items()}, date=time.strftime("%Y-%m-%d"),
-                            bw=p.bandwidth)
-            except HwprofileError as exc:
-                mine["error"] = str(exc)
+            p = _plan_here(prof, everything, ops, timer, directory, mine)
         got = job.exchange(mine, (timeout or 120.0) + (lock_timeout if job.size > 1 else 0.0), "their plans")
         job.check(got, "planning")
+        assert p is not None  # job.check raised if any rank, this one included, has no plan
         if not all(g["lock"] for g in got):
             held = [r for r, g in enumerate(got) if not g["lock"]]
             why = next((g["why"] for g in got if g.get("why")), "") or (
@@ -575,11 +562,7 @@ def tune(
             return TuneResult(index, p, skipped=why, ranks=job.size, seconds=time.perf_counter() - t0, profile=prof)
         # the same work on every rank of a SKU: the union of what any of them found stale
         same = [r for r, h in enumerate(hello) if h["identity"] == hello[job.rank]["identity"]]
-        grids: dict[str, list[tuple[int, int, int]]] = {}
-        for r in same:
-            for op, grid in got[r]["grids"].items():
-                grids.setdefault(op, [tuple(g) for g in grid])
-        grids = {op: grids[op] for op in TABLE if op in grids}
+        grids = _union_of_grids(got, same)
         date = got[same[0]]["date"]
         bw = float(got[same[0]]["bw"])
         p = Plan(p.index, p.device, p.findings, {op: tuple(g) for op, g in grids.items()}, p.bandwidth)
@@ -593,44 +576,19 @@ def tune(
         est = max((sum(cost(q, bw, reps) for q in s) for s in split(p.points(), len(same), bw, reps)), default=0.0)
         log.info("hwprofile tune: device %d: measuring %d point(s) of %s (estimated %.0f s)",
                  index, len(share), ", ".join(grids) or "nothing", est)
-        mine = {"error": None, "points": []}
-        try:
-            if share:  # a rank with no share (another SKU has the work) needs no timer, nor a GPU
-                t = timer if timer is not None else sweep.GpuTimer(prof, reps=reps)
-                for i, (op, m, n, k) in enumerate(share):
-                    mine["points"].append(_point_dict(t.measure(op, m, n, k), op))
-                    if progress:
-                        progress(i + 1, len(share), f"{op} M={m} N={n} K={k}")
-        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait for points that never come
-            mine = {"error": f"measuring on device {index} failed: {type(exc).__name__}: {exc}", "points": []}
+        mine = _measure_share(prof, share, timer, reps, progress)
         got = job.exchange(mine, timeout or max(120.0, 4 * est + 60), "their measurements")
         job.check(got, "measuring")
         points = {(d["op"], int(d["m"]), int(d["n"]), int(d["k"])): _point(d) for r in same for d in got[r]["points"]}
-        mine = {"error": None}
         result = TuneResult(index, p, measured=len(share), ranks=job.size, profile=prof)
-        try:
-            for op, grid in grids.items():
-                doc = sweep.run(prof, op, grid, _Replay(points), ties=ties, date=date, box=sweep.box_grid(op))  # as hwprofile sweep chooses
-                target = directory / f"{op}.toml"
-                sweep.write(doc, target)
-                result.written.append(target)
-                if leader and prof.plugin is not None:  # the other hosts of this SKU read it instead of tuning
-                    tuning.publish_tuned(prof.device, prof.plugin.name, op, target.read_text(encoding="utf-8"))
-                result.changes[op] = {
-                    key: (prof[key], value) for key, value in doc["thresholds"].items() if key in prof.settings and prof[key] != value
-                }
-        except HwprofileError as exc:
-            mine["error"] = f"writing on device {index} failed: {exc}"
-            mine["written"] = [str(w) for w in result.written]
+        mine = _write_tuned(prof, grids, points, ties, date, directory, leader, result)
         got = job.exchange(mine, timeout or 120.0, "whether their files were written")
         written = sorted({w for g in got for w in g.get("written", ())})
         job.check(got, "writing the tuned files", "every file is whole (old or new); " + (
             f"written before the failure: {', '.join(written)}" if written else "no tuned file was changed"))
     finally:
-        if fleet is not None:
-            fleet.release()
-        if lock is not None:
-            lock.release()
+        for held in reversed(locks):
+            held.release()
     result.profile = profiles._rebuild(index)
     result.seconds = time.perf_counter() - t0
     for f in p.findings:
@@ -638,6 +596,103 @@ def tune(
             log.warning("hwprofile tune: %s", note)
     log.info("hwprofile tune: %s", result.describe())
     return result
+
+
+def _take_locks(prof: Any, directory: Path, everything: bool, ops: Sequence[str] | None, lock_timeout: float, locks: list[Any],
+                mine: dict[str, Any]) -> Any:
+    """The host leader's locks: the host's (``locks[0]``), then the fleet's within what is left of ``lock_timeout``.
+
+    Records in ``mine`` whether both were taken (``lock``, ``why``) or the error; returns the profile to tune (resolved
+    again when another process held the host's lock: it may have written fresh tables).
+    """
+    from . import profiles
+
+    try:
+        waited_from = time.monotonic()
+        lock = _HostLock(directory, lock_timeout)
+        locks.append(lock)
+        mine["lock"] = lock.acquire()
+        if lock.waited and mine["lock"]:
+            prof = profiles._rebuild(prof.device.index)  # the process we waited for may have written fresh tables
+        if mine["lock"]:  # the fleet's lock within what is left of the same bound (the other ranks wait on it)
+            left = max(0.0, lock_timeout - (time.monotonic() - waited_from))
+            prof, fleet, mine["why"] = _fleet_lock(prof, everything, ops, left)
+            if fleet is not None:
+                locks.append(fleet)
+            mine["lock"] = not mine["why"]
+    except HwprofileError as exc:
+        mine["error"] = str(exc)
+    return prof
+
+
+def _plan_here(prof: Any, everything: bool, ops: Sequence[str] | None, timer: Any, directory: Path, mine: dict[str, Any]) -> Plan | None:
+    """This rank's plan (what is stale here), its grids put into ``mine`` for the exchange; an error goes there instead."""
+    try:
+        p = plan(prof, everything=everything, ops=ops)
+        why = "" if timer is not None or not p.grids else cannot_measure(prof)
+        if why:
+            raise TuneError(f"cannot measure on device {prof.device.index}: {why}")
+        for op in p.grids:
+            from ._files import check_writable
+
+            check_writable(directory / f"{op}.toml", what="tuned file")  # before any GPU time is spent
+        mine.update(grids={op: [list(g) for g in grid] for op, grid in p.grids.items()}, date=time.strftime("%Y-%m-%d"),
+                    bw=p.bandwidth)
+    except HwprofileError as exc:
+        mine["error"] = str(exc)
+        return None
+    return p
+
+
+def _union_of_grids(got: list[dict[str, Any]], same: list[int]) -> dict[str, list[tuple[int, int, int]]]:
+    """The union of the grids the ranks ``same`` (one SKU) found stale, in op-table order."""
+    grids: dict[str, list[tuple[int, int, int]]] = {}
+    for r in same:
+        for op, grid in got[r]["grids"].items():
+            grids.setdefault(op, [tuple(g) for g in grid])
+    return {op: grids[op] for op in TABLE if op in grids}
+
+
+def _measure_share(prof: Any, share: list[tuple[str, int, int, int]], timer: Any, reps: int,
+                   progress: Callable[[int, int, str], None] | None) -> dict[str, Any]:
+    """This rank's share of the points, measured: ``{"error": None | why, "points": [...]}`` for the exchange."""
+    from . import sweep
+
+    mine: dict[str, Any] = {"error": None, "points": []}
+    try:
+        if share:  # a rank with no share (another SKU has the work) needs no timer, nor a GPU
+            t = timer if timer is not None else sweep.GpuTimer(prof, reps=reps)
+            for i, (op, m, n, k) in enumerate(share):
+                mine["points"].append(_point_dict(t.measure(op, m, n, k), op))
+                if progress:
+                    progress(i + 1, len(share), f"{op} M={m} N={n} K={k}")
+    except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait for points that never come
+        mine = {"error": f"measuring on device {prof.device.index} failed: {type(exc).__name__}: {exc}", "points": []}
+    return mine
+
+
+def _write_tuned(prof: Any, grids: dict[str, list[tuple[int, int, int]]], points: dict[Any, Any], ties: str, date: str,
+                 directory: Path, leader: bool, result: TuneResult) -> dict[str, Any]:
+    """Fit and write each op's tuned file from the exchanged points (as ``hwprofile sweep`` does), into ``result``;
+    ``{"error": None}``, or the error and the files written before it, for the exchange."""
+    from . import sweep, tuning
+
+    mine: dict[str, Any] = {"error": None}
+    try:
+        for op, grid in grids.items():
+            doc = sweep.run(prof, op, grid, _Replay(points), ties=ties, date=date, box=sweep.box_grid(op))  # as hwprofile sweep chooses
+            target = directory / f"{op}.toml"
+            sweep.write(doc, target)
+            result.written.append(target)
+            if leader and prof.plugin is not None:  # the other hosts of this SKU read it instead of tuning
+                tuning.publish_tuned(prof.device, prof.plugin.name, op, target.read_text(encoding="utf-8"))
+            result.changes[op] = {
+                key: (prof[key], value) for key, value in doc["thresholds"].items() if key in prof.settings and prof[key] != value
+            }
+    except HwprofileError as exc:
+        mine["error"] = f"writing on device {prof.device.index} failed: {exc}"
+        mine["written"] = [str(w) for w in result.written]
+    return mine
 
 
 def at_first_profile(prof: Profile) -> Profile:

@@ -307,7 +307,8 @@ def files(name: str, capability: str, target: str | None = None, *, family: bool
             f"--family needs compute capability 9.0 or later (the family's kernels use thread-block clusters), got {major}.{minor}; "
             "leave --family out for a plugin with a kernel of its own"
         )
-    from . import __version__, catalog
+    from . import catalog
+    from ._version import __version__
 
     base_key, base = _nearest(catalog, (major, minor))
     cmaj, cmin = (int(x) for x in __version__.split(".")[:2])

@@ -25,7 +25,7 @@ from ._record import Record, _set, final
 from .errors import SettingError
 
 if TYPE_CHECKING:
-    from .tuning import Stamp
+    from .stamps import Stamp
 
 #: A setting's type, as declared.
 SettingType = Literal["bool", "int", "float", "str", "enum"]
@@ -435,7 +435,7 @@ class SettingsResolver:
 
 
 def _is_stamp(obj: object) -> bool:
-    from .tuning import Stamp  # not at import: settings is imported before tuning on the profile path
+    from .stamps import Stamp
 
     return isinstance(obj, Stamp)
 

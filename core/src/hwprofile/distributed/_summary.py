@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from .. import __version__, _env, _state
+from .. import _env, _state
 from .._log import get_logger
 from .._record import Record, _set, final
+from .._version import __version__
 from ..errors import HwprofileError
 
 if TYPE_CHECKING:

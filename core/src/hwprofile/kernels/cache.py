@@ -434,7 +434,7 @@ def check_layers(environ: Mapping[str, str] | None = None) -> None:
 
 def key_document(spec: KernelSpec, options: CompileOptions, expressions: Sequence[str]) -> dict[str, Any]:
     """Every input of one compile, as a JSON-able document (what the key hashes and entries store)."""
-    from .. import __version__
+    from .._version import __version__
     from .spec import _resolve_include, _source_digest
 
     dirs = options.header_dirs()

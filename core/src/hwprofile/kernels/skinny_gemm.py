@@ -291,10 +291,12 @@ def plan(t: ArchTuning, *, m: int, n: int, k: int, fp8: bool, out: str, scale: i
     return Launch(expr, (groups, ksplit, 1), (t.simt_warps * 32, 1, 1), smem)
 
 
-#: The ops the family's kernels compute, each with the (M, N, K) shapes whose instances ``hwprofile compile``
-#: pre-builds: a read-only view of the op table's ``OpDef.prebuilt`` (the fact is declared there, once), for the
-#: ops that have any.
-PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType({op: d.prebuilt for op, d in optable.OPS.items() if d.prebuilt})
+#: The ops the family's kernels compute (those the op table declares ``family=SKINNY_GEMM``), each with the (M, N, K)
+#: shapes whose instances ``hwprofile compile`` pre-builds: a read-only view of the op table (``OpDef.family`` and
+#: ``OpDef.prebuilt``; both declared there, once).
+PREBUILT_SHAPES: Final[Mapping[str, tuple[Shape, ...]]] = MappingProxyType(
+    {op: d.prebuilt for op, d in optable.OPS.items() if d.family == optable.SKINNY_GEMM}
+)
 
 
 def _doc(d: optable.OpDef) -> str:

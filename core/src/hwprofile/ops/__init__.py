@@ -16,10 +16,12 @@ Every op takes ``out=`` (a preallocated result of exactly that shape and dtype, 
 returned; one that overlaps an input is computed through a temporary, one whose elements overlap
 is a ValueError), any leading batch dimensions, empty dimensions (M = 0 or N = 0 give an empty result,
 K = 0 gives zeros) and strided, expanded or overlapping inputs (the fallback takes what is not
-contiguous). Gradients: every op's backward is the fallback's math in fp32 accumulation
-(``_library``); fp8_gemv has one for ``x`` only and refuses a ``w`` or ``scale`` that requires grad
-(``OpDef.grads``). Under ``torch.compile`` with static shapes the route is decided while tracing
-(a fallback route is plain torch in the graph); see ``_dispatch._compiled``.
+contiguous). Gradients: the formula ``OpDef.backward`` names (``_fallbacks.BACKWARDS``; the four GEMM
+ops: ``x . (w * scale)^T``'s in fp32 accumulation, ``_library``) whichever path ran the forward;
+fp8_gemv has one for ``x`` only and refuses a ``w`` or ``scale`` that requires grad (``OpDef.grads``);
+an op declaring ``backward=None`` refuses every operand that requires grad, naming the op. Under
+``torch.compile`` with static shapes the route is decided while tracing (a fallback route is plain
+torch in the graph); see ``_dispatch._compiled``.
 
 :func:`moe_gate` (the MoE gate step) is the op table's entry of its second contract kind
 (``optable.GATES``, a :class:`~hwprofile.optable.GateDef`): a GEMM box like the GEMM ops' (its own
@@ -31,15 +33,19 @@ The package, one concern a module:
 
 * ``_dispatch``: :func:`route` (the only place that decides kernel or fallback), the per-device
   tables and route memos, :func:`decide`, and the eager entry every op calls;
-* ``_fallbacks``: the fallback registry, keyed by the op table;
+* ``_fallbacks``: the fallback registry, keyed by the op table, and the gradient formulas ``OpDef.backward`` names;
+* ``_pieces``: what an op of the table lacks (the import-time check below);
 * ``_kernel``: operand checks, loading and launching a kernel (never routes);
 * ``_gate``: moe_gate: its route (:func:`decide_moe_gate`), torch path, custom op, the fused kernel's launch and faults;
 * ``_library``: ``torch.ops.hwprofile.<op>`` for ``torch.compile``;
 * ``_warmup``: :func:`warmup`, which makes first calls of given shapes safe inside a CUDA-graph capture.
 
-Adding an op: one ``OpDef`` in ``hwprofile.optable.OPS``, one entry in ``_fallbacks.FALLBACKS``, one
-short public function below, and a kernel in a plugin; importing this module names any missing
-piece (:func:`_dispatch.missing_pieces`), and tests/ops/ runs its contract suite over the table.
+Adding an op: one ``OpDef`` in ``hwprofile.optable.OPS`` (declaring its backward and its kernel family), one
+entry in ``_fallbacks.FALLBACKS`` (and in ``_fallbacks.BACKWARDS`` if its gradient formula is new), one short
+public function below named as the op, and a kernel in a plugin; ``__all__`` and the lazy binding follow
+from the table. Importing this module raises one error naming every missing piece of every op
+(:func:`_pieces.missing_pieces`), and tests/ops/ runs its contract suite over the table
+(tests/ops/test_new_op.py adds a fifth op that way, in a copy of the package).
 
 Why the public functions are reached through ``__getattr__`` (PEP 562) until torch is bound:
 1. binding needs torch, and importing this module must not import it (``decide()`` and
@@ -59,11 +65,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HwprofileError, NotVerifiedError, NotWarmedError
-from ..optable import NO_SCALE, OPS, ROW_SCALE, TENSOR_SCALE
+from ..optable import NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE
 from . import _dispatch, _gate, _kernel, _library, _verify
-from ._dispatch import ENTRIES, Decision, decide, missing_pieces, reset_dispatch, route
-from ._fallbacks import FALLBACKS
+from ._dispatch import ENTRIES, Decision, decide, reset_dispatch, route
+from ._fallbacks import BACKWARDS, FALLBACKS
 from ._gate import decide as decide_moe_gate
+from ._pieces import missing_pieces
 from ._warmup import WarmupReport, warmup
 
 if TYPE_CHECKING:
@@ -71,35 +78,34 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_SCALE", "ROW_SCALE", "TENSOR_SCALE", "Decision", "NotVerifiedError", "NotWarmedError", "WarmupReport", "decide",
-    "decide_moe_gate", "fallback", "fp8_gemv", "gemv", "linear_bf16_fp32", "moe_gate", "register", "reset_dispatch", "route",
-    "router_gemm", "run_kernel", "warmup",
+    "decide_moe_gate", "fallback", "register", "reset_dispatch", "route", "run_kernel", "warmup",
 ]
+__all__ += list(TABLE)  # the public ops, one per op of the table (each defined below under the op's name)
 
 _call = _dispatch.call
-_ROUTER_GEMM = ENTRIES["router_gemm"]
-_LINEAR_BF16_FP32 = ENTRIES["linear_bf16_fp32"]
-_GEMV = ENTRIES["gemv"]
-_FP8_GEMV = ENTRIES["fp8_gemv"]
+
+
+# --- the public ops: one short function per op of the op table, named as the op ----------------------
 
 
 def router_gemm(hidden: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """MoE router logits: ``hidden[..., K] bf16 . weight[N, K]^T -> [..., N] float32`` on every path."""
-    return _call(_ROUTER_GEMM, hidden, weight, None, out)  # type: ignore[no-any-return]
+    return _call(ENTRIES["router_gemm"], hidden, weight, None, out)  # type: ignore[no-any-return]
 
 
 def linear_bf16_fp32(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[..., K] bf16 . w[N, K]^T -> [..., N] float32``; small M may use the plugin kernel."""
-    return _call(_LINEAR_BF16_FP32, x, w, None, out)  # type: ignore[no-any-return]
+    return _call(ENTRIES["linear_bf16_fp32"], x, w, None, out)  # type: ignore[no-any-return]
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Decode GEMV: ``x[..., K] bf16 . w[N, K]^T -> [..., N] bf16`` with fp32 accumulation (kernel at M = 1)."""
-    return _call(_GEMV, x, w, None, out)  # type: ignore[no-any-return]
+    return _call(ENTRIES["gemv"], x, w, None, out)  # type: ignore[no-any-return]
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[..., K] bf16 . (w[N, K] e4m3 * scale)^T -> [..., N] bf16``; scale per tensor ([] or [1]) or per row ([N])."""
-    return _call(_FP8_GEMV, x, w, scale, out)  # type: ignore[no-any-return]
+    return _call(ENTRIES["fp8_gemv"], x, w, scale, out)  # type: ignore[no-any-return]
 
 
 def moe_gate(
@@ -208,13 +214,16 @@ _dispatch.on_new_table.append(_verify.check_deferred_plans)  # before any kernel
 _dispatch.on_new_table.append(_check_kernels)
 
 
-# The public functions, hidden until register() binds torch (the module docstring says why).
-_PUBLIC: dict[str, Callable[..., Any]] = {f.__name__: f for f in (router_gemm, linear_bf16_fp32, gemv, fp8_gemv, moe_gate)}
-del router_gemm, linear_bf16_fp32, gemv, fp8_gemv, moe_gate
+# The public functions, hidden until register() binds torch (the module docstring says why): one per op of the
+# table, taken out of the module's namespace (``__getattr__`` puts them back); an op without one is a missing piece.
+_PUBLIC: dict[str, Callable[..., Any]] = {name: globals().pop(name) for name in TABLE if callable(globals().get(name))}
 
-_missing = missing_pieces(OPS, FALLBACKS, _PUBLIC)  # _dispatch checked the fallbacks; here, the public functions
-if _missing:
-    raise HwprofileError("hwprofile.ops: the op table is incomplete: " + "; ".join(_missing))
+_missing = missing_pieces(OPS, FALLBACKS, BACKWARDS, _PUBLIC)
+if _missing:  # refuse to import rather than route an op to nothing (or to another op's fallback or backward)
+    raise HwprofileError(
+        f"hwprofile.ops: the op table is incomplete ({len(_missing)} missing piece(s); docs/architecture.md, 'Adding an op'): "
+        + "; ".join(_missing)
+    )
 
 
 def register() -> None:
@@ -234,13 +243,6 @@ def __getattr__(name: str) -> Any:
     register()
     return globals()[name]
 
-
-if TYPE_CHECKING:  # for type checkers: the public ops as declared above
-    router_gemm = _PUBLIC["router_gemm"]
-    linear_bf16_fp32 = _PUBLIC["linear_bf16_fp32"]
-    gemv = _PUBLIC["gemv"]
-    fp8_gemv = _PUBLIC["fp8_gemv"]
-    moe_gate = _PUBLIC["moe_gate"]
 
 if "torch" in sys.modules:  # torch is already paid for: register now
     register()

@@ -10,9 +10,9 @@ words with both paths' times (saying whether a measurement at that shape, the mo
 
 :func:`call` is every public op's eager entry. The common call (2-D operands of the contract dtypes
 on one device, no ``out``) is checked and routed inline, with a few tensor attribute reads and one
-memo lookup: the target is at most 1.2 µs over the fallback (the design guide, section 6), and
-benchmarks/RESULTS.md (Current, "eager fallback path") has the op's own cost at 0.99-1.40 µs on the
-H200 and +1.26 to +3.61 µs end to end on host-bound shapes: not met. Anything else goes through
+memo lookup: the target is at most 1.5 µs over the fallback (the design guide, section 6), and
+benchmarks/RESULTS.md (Current, "eager fallback path", 2026-12-02) has the op's own cost at 1.18-1.39 µs
+(router, linear, gemv) and 1.59-2.04 µs (fp8) on the H200, end to end noise-bound: not met. Anything else goes through
 :func:`general`, which validates (errors name the argument), flattens batch dimensions and fills
 ``out``. Under ``torch.compile``
 :func:`call` routes while tracing (:func:`_compiled`): a fallback route is the fallback's torch ops
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from .. import _env, _state, costmodel, tuning
 from .. import profiles as _profile_mod
-from ..errors import HwprofileError, SettingError
+from ..errors import SettingError
 from ..optable import GATES, NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE, OpDef
 from ..profiles import Profile, profile
 from . import _fallbacks, _kernel
@@ -434,26 +434,9 @@ class _Entry:
         self.x_dtype, self.w_dtype, self.out_dtype = (getattr(torch, d) for d in (op.x_dtype, op.w_dtype, op.out_dtype))
 
 
-def missing_pieces(
-    table: dict[str, OpDef], fallbacks: dict[str, Callable[..., Any]], public: dict[str, Callable[..., Any]] | None = None
-) -> list[str]:
-    """What an op of the table lacks to run (a fallback; a public function, if ``public`` is given), in words."""
-    out = []
-    for name in table:
-        if name not in fallbacks:
-            out.append(f"op {name!r} has no fallback: add it to hwprofile.ops._fallbacks.FALLBACKS")
-        if public is not None and name not in public:
-            out.append(f"op {name!r} has no public function: define hwprofile.ops.{name}()")
-    out += [f"hwprofile.ops._fallbacks.FALLBACKS has {n!r}, not in the op table (optable.OPS)" for n in fallbacks if n not in table]
-    return out
-
-
-_missing = missing_pieces(OPS, FALLBACKS)
-if _missing:  # refuse to import rather than route an op to nothing (or to another op's fallback)
-    raise HwprofileError("hwprofile.ops: the op table is incomplete: " + "; ".join(_missing))
-
 #: op name -> its run-time entry, one per op of the op table
-ENTRIES: dict[str, _Entry] = {name: _Entry(op, FALLBACKS[name]) for name, op in OPS.items()}
+#: (an op without a fallback has none: ``hwprofile.ops`` then refuses to import, naming every missing piece)
+ENTRIES: dict[str, _Entry] = {name: _Entry(op, FALLBACKS[name]) for name, op in OPS.items() if name in FALLBACKS}
 
 _tables: dict[int, _Table] = {}
 _tables_lock = threading.RLock()
@@ -569,7 +552,8 @@ _F32: Any = None  # torch.float32, bound by bind()
 
 
 def _not_bound() -> bool:
-    raise AssertionError("hwprofile.ops: an op ran before register()")  # unreachable: the ops are reached through __getattr__
+    # reached only by calling this module's entry directly before hwprofile.ops.register(): the public ops bind first
+    raise AssertionError("hwprofile.ops: an op ran before register(); call hwprofile.ops.register() (the public ops do)")
 
 
 _compiling: Callable[[], bool] = _not_bound  # torch.compiler.is_compiling once bound
@@ -712,6 +696,11 @@ def refuse_grads(op: OpDef, operands: tuple[Any, ...], recording: bool = False) 
         return
     for name, t in zip(op.args, operands, strict=False):
         if name not in op.grads and getattr(t, "requires_grad", False):
+            if op.backward is None:
+                raise ValueError(
+                    f"{op.name}: {name} requires grad, but {op.name} has no backward (its OpDef declares backward=None); "
+                    f"detach {name} (or call it under torch.no_grad())"
+                )
             has = ", ".join(op.grads) or "no argument"
             raise ValueError(
                 f"{op.name}: {name} requires grad, but {op.name} has gradients for {has} only; "

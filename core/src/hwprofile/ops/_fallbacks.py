@@ -7,7 +7,9 @@ run-time entry (``_dispatch.ENTRIES[op].fallback``, bound from here at import), 
 (the side it times against the kernel) and the benchmarks through ``hwprofile.ops.fallback(op)``;
 the identity string a tuning stamp records beside it is the op table's ``OpDef.fallback`` (change
 both together).
-``hwprofile.ops`` refuses to import when an op of the table has no entry here.
+:data:`BACKWARDS` holds the gradient formulas an ``OpDef.backward`` names. ``hwprofile.ops`` refuses to
+import when an op of the table has no entry here, or names a backward that is not here (one error
+naming every missing piece: ``hwprofile.ops._pieces``).
 
 Each fallback is at least as precise as the kernel it replaces (fp32 accumulation, one rounding)
 and uses no more memory than its result plus one bounded chunk.
@@ -18,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from .. import _state
+from .. import _state, optable
 from .._log import get_logger
-from ..optable import FP8_GEMV, GEMV, LINEAR_BF16_FP32, ROUTER_GEMM
 
 log = get_logger(__name__)
 
@@ -261,7 +262,7 @@ def probe_mm_out_dtype(index: int) -> None:
 
 
 def gemm_backward(g: Any, x: Any, w: Any, scale: Any, need_x: bool, need_w: bool) -> tuple[Any, Any]:
-    """Gradients of ``y = x . (w * scale)^T`` (every op of the table is one) in float32 accumulation, one rounding.
+    """Gradients of ``y = x . (w * scale)^T`` (``OpDef.backward`` ``"gemm"``) in float32 accumulation, one rounding.
 
     ``g`` is ``dL/dy`` ``[..., N]`` in the op's output dtype; ``x [..., K]``, ``w [N, K]``, ``scale``
     None or per tensor / per row. Returns ``(dL/dx in x's dtype, dL/dw in w's dtype)`` (None where
@@ -283,9 +284,15 @@ def gemm_backward(g: Any, x: Any, w: Any, scale: Any, need_x: bool, need_w: bool
 
 #: op name -> its fallback on 2-D contract operands; keyed by the op table (``hwprofile.optable.OPS``)
 FALLBACKS: dict[str, Callable[..., Any]] = {
-    ROUTER_GEMM.name: mm_fp32,
-    LINEAR_BF16_FP32.name: mm_fp32,
-    GEMV.name: linear_bf16,
-    FP8_GEMV.name: fp8_mm,
+    optable.ROUTER_GEMM.name: mm_fp32,
+    optable.LINEAR_BF16_FP32.name: mm_fp32,
+    optable.GEMV.name: linear_bf16,
+    optable.FP8_GEMV.name: fp8_mm,
+}
+
+#: backward name (``OpDef.backward``) -> ``f(g, x, w, scale, need_x, need_w) -> (dL/dx or None, dL/dw or None)``:
+#: ``g`` is ``dL/dy [..., N]`` in the op's output dtype, the operands are those of the forward (``x [..., K]``)
+BACKWARDS: dict[str, Callable[..., tuple[Any, Any]]] = {
+    optable.GEMM_BACKWARD: gemm_backward,
 }
 

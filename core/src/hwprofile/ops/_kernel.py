@@ -21,7 +21,9 @@ from . import _verify
 
 if TYPE_CHECKING:
     from ..profiles import Profile
-    from ._dispatch import _Table
+    from ._table import Table as _Table
+
+
 
 #: the kernels' C signature: (out, x, w, scale, M, N, K); every plugin kernel of every op takes it
 ARG_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int)

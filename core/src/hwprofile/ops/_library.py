@@ -7,9 +7,10 @@ compiled graph calls at run time; its fake checks the contract and returns an em
 right shape and dtype, so ``torch.compile(fullgraph=True)`` traces the op without running it.
 
 Autograd (eager and compiled): each custom op carries ``torch.library.register_autograd`` with the
-backward of ``x . (w * scale)^T`` in float32 accumulation (``_fallbacks.gemm_backward``), whichever
-path ran the forward. The arguments the op table does not list in ``OpDef.grads`` (fp8_gemv's
-e4m3 weight and scale) are refused in the forward when they require grad in grad mode, naming the
+gradient formula its ``OpDef.backward`` names (``_fallbacks.BACKWARDS``; ``"gemm"``: the backward of
+``x . (w * scale)^T`` in float32 accumulation), whichever path ran the forward. The arguments the op
+table does not list in ``OpDef.grads`` (fp8_gemv's e4m3 weight and scale; every argument of an op
+with ``backward=None``) are refused in the forward when they require grad in grad mode, naming the
 op and the argument: a gradient is never dropped silently. The eager entry sends a call that needs
 gradients through this custom op (``_dispatch.call``).
 """
@@ -20,6 +21,7 @@ import threading
 from typing import Any
 
 from .. import _state
+from ..errors import HwprofileError
 from . import _dispatch, _fallbacks, _gate
 from ._dispatch import _Entry
 
@@ -81,10 +83,14 @@ def define(torch: Any, lib: Any, e: _Entry) -> None:
         x, w, scale = (*inputs, None)[:3]
         ctx.save_for_backward(x, w, scale)
 
+    formula = _fallbacks.BACKWARDS[op.backward] if op.backward is not None else None
+
     def backward(ctx: Any, g: Any) -> tuple[Any, ...]:
+        if formula is None:  # setup_context refused every operand that requires grad: nothing records this op
+            raise HwprofileError(f"{op.name} has no backward (its OpDef declares backward=None)")
         x, w, scale = ctx.saved_tensors
         need = ctx.needs_input_grad
-        gx, gw = _fallbacks.gemm_backward(g, x, w, scale, need[0], need[1])
+        gx, gw = formula(g, x, w, scale, need[0], need[1])
         return (gx, gw, None)[: len(op.args)]
 
     qualname = f"{lib.ns}::{op.name}"

@@ -46,7 +46,7 @@ from ..optable import OPS, ROW_SCALE, TENSOR_SCALE
 if TYPE_CHECKING:
     from ..kernels.spec import Launch
     from ..profiles import Profile
-    from ._dispatch import _Table
+    from ._table import Table as _Table
 
 log = get_logger(__name__)
 
