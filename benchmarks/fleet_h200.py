@@ -110,6 +110,58 @@ def store_entries(url: str) -> dict[str, int]:
     return {k.decode(): int(client.strlen(k)) for k in client.scan_iter("hwprofile:*")}
 
 
+def run_cases(cases: list[str], n: int, url: str, work: Path) -> dict[str, Any]:
+    """Each case of ``cases`` in its order, ``n`` fresh processes each, under ``work``; the results by case (and the store's seed)."""
+    results: dict[str, Any] = {}
+    if "cold_compile" in cases:
+        results["cold_compile"] = summary([scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"cold-{i}")) for i in range(n)])
+    if "store_warm" in cases:
+        seed = scenario("first_call", HWPROFILE_CACHE_DIR=str(work / "seed"), HWPROFILE_REMOTE=url)  # compiles and publishes
+        results["store_seed"] = seed
+        results["store_entries"] = store_entries(url)
+        results["store_warm"] = summary([
+            scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"host-{i}"), HWPROFILE_REMOTE=url, HWPROFILE_NO_COMPILE="1")
+            for i in range(n)
+        ])
+    if "local_warm" in cases:
+        scenario("first_call", HWPROFILE_CACHE_DIR=str(work / "local"))
+        results["local_warm"] = summary([
+            scenario("first_call", HWPROFILE_CACHE_DIR=str(work / "local"), HWPROFILE_NO_COMPILE="1") for _ in range(n)
+        ])
+    if "wheel_layer" in cases:
+        results["wheel_layer"] = wheel_layer(n, work)
+    return results
+
+
+def wheel_layer(n: int, work: Path) -> dict[str, Any]:
+    """The ``wheel_layer`` case: build the prebuilt cubin wheel of ``WARM``, install it aside, ``n`` first calls that read only it."""
+    project = work / "hwprofile-sm90-cubins"
+    built = run([sys.executable, "-m", "hwprofile.cli", "compile", "--arch", "sm_90a", "--warm", WARM, "--package", str(project),
+                 "--package-name", "hwprofile-sm90-cubins"], HWPROFILE_CACHE_DIR=str(work / "build-cache"))
+    pip = [sys.executable, "-m", "pip"]
+    wheel = run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(work / "dist"), str(project)])
+    wheels = sorted((work / "dist").glob("*.whl")) if built.returncode == 0 and wheel.returncode == 0 else []
+    site = work / "site"
+    if wheels and run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheels[0])]).returncode == 0:
+        path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(site)) if p)
+        return summary([
+            scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"empty-w{i}"), HWPROFILE_NO_COMPILE="1", PYTHONPATH=path)
+            for i in range(n)
+        ])
+    return {"skipped": f"compile/wheel/install failed: {built.stderr[-800:]} {wheel.stderr[-800:]}"}
+
+
+def print_results(cases: list[str], results: dict[str, Any]) -> None:
+    """One line per case: its times and kernels, or why it has none."""
+    for name in cases:
+        r = results.get(name, {})
+        if "total_s" in r:
+            times = f"profile {r['profile_s']:.3f}s  first call {r['first_call_s']:.3f}s  total {r['total_s']:.3f}s"
+            print(f"{name:14s} {times}  {r['kernels']}")
+        else:
+            print(f"{name:14s} {r.get('skipped') or 'FAILED: ' + json.dumps(r)[:400]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="fresh processes per case (default 5)")
@@ -160,50 +212,13 @@ def main() -> int:
             return 0
         out_dir.mkdir(parents=True, exist_ok=True)
         results: dict[str, Any] = {"store": {"url": redact(url), **rtt}, "rounds": args.rounds}
-        n = args.rounds
-        if "cold_compile" in cases:
-            results["cold_compile"] = summary([scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"cold-{i}")) for i in range(n)])
-        if "store_warm" in cases:
-            seed = scenario("first_call", HWPROFILE_CACHE_DIR=str(work / "seed"), HWPROFILE_REMOTE=url)  # compiles and publishes
-            results["store_seed"] = seed
-            results["store_entries"] = store_entries(url)
-            results["store_warm"] = summary([
-                scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"host-{i}"), HWPROFILE_REMOTE=url, HWPROFILE_NO_COMPILE="1")
-                for i in range(n)
-            ])
-        if "local_warm" in cases:
-            scenario("first_call", HWPROFILE_CACHE_DIR=str(work / "local"))
-            results["local_warm"] = summary([
-                scenario("first_call", HWPROFILE_CACHE_DIR=str(work / "local"), HWPROFILE_NO_COMPILE="1") for _ in range(n)
-            ])
-        if "wheel_layer" in cases:
-            project = work / "hwprofile-sm90-cubins"
-            built = run([sys.executable, "-m", "hwprofile.cli", "compile", "--arch", "sm_90a", "--warm", WARM, "--package", str(project),
-                         "--package-name", "hwprofile-sm90-cubins"], HWPROFILE_CACHE_DIR=str(work / "build-cache"))
-            pip = [sys.executable, "-m", "pip"]
-            wheel = run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(work / "dist"), str(project)])
-            wheels = sorted((work / "dist").glob("*.whl")) if built.returncode == 0 and wheel.returncode == 0 else []
-            site = work / "site"
-            if wheels and run([*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheels[0])]).returncode == 0:
-                path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(site)) if p)
-                results["wheel_layer"] = summary([
-                    scenario("first_call", HWPROFILE_CACHE_DIR=str(work / f"empty-w{i}"), HWPROFILE_NO_COMPILE="1", PYTHONPATH=path)
-                    for i in range(n)
-                ])
-            else:
-                results["wheel_layer"] = {"skipped": f"compile/wheel/install failed: {built.stderr[-800:]} {wheel.stderr[-800:]}"}
+        results.update(run_cases(cases, args.rounds, url, work))
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     (out_dir / "fleet.json").write_text(json.dumps(results, indent=2))
-    for name in cases:
-        r = results.get(name, {})
-        if "total_s" in r:
-            times = f"profile {r['profile_s']:.3f}s  first call {r['first_call_s']:.3f}s  total {r['total_s']:.3f}s"
-            print(f"{name:14s} {times}  {r['kernels']}")
-        else:
-            print(f"{name:14s} {r.get('skipped') or 'FAILED: ' + json.dumps(r)[:400]}")
+    print_results(cases, results)
     return 0
 
 

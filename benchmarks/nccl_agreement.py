@@ -31,38 +31,17 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 VERDICTS = ("agree", "raised", "error")  # AgreementError is "raised"; any other exception is "error" (a bug)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
-    p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--timeout", type=float, default=2.0, help="check_agreement's timeout in the fault cases (seconds)")
-    p.add_argument("--json", help="a directory: each rank writes <rank>.json there")
-    args = p.parse_args()
-    if "RANK" not in os.environ:
-        print("run it under torchrun: torchrun --standalone --nproc-per-node 2 benchmarks/nccl_agreement.py [--backend gloo]",
-              file=sys.stderr)
-        return 2
-
+def cost(args: argparse.Namespace, dev: Any, rank: int, world: int, cuda: bool, doc: dict[str, Any]) -> None:
+    """1. check_agreement's cost when ranks agree, against one 32-byte all-gather; into ``doc``, printed by rank 0."""
     import torch
     import torch.distributed as dist
 
-    import hwprofile
     from hwprofile import distributed as hd
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = args.backend == "nccl"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
-    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    doc: dict[str, Any] = {"rank": rank, "world": world, "backend": args.backend}
-    doc.update(torch=torch.__version__, hwprofile=hwprofile.__version__)
 
     def sync() -> None:
         if cuda:
@@ -99,7 +78,15 @@ def main() -> int:
         first = doc["first_check_ms"]
         print(f"  check / allgather32 = {doc['ratio']:.2f}x (target <= 2x); first check_agreement {first:.1f} ms", flush=True)
 
-    # --- 2. faults ------------------------------------------------------------------------------------
+
+def faults(args: argparse.Namespace, dev: Any, rank: int, world: int, doc: dict[str, Any]) -> NoReturn:
+    """2. The fault cases in order, each verdict compared across ranks; rank 1 leaves before ``dies``, every rank ends in ``os._exit``."""
+    import torch
+    import torch.distributed as dist
+
+    import hwprofile
+    from hwprofile import distributed as hd
+
     T = args.timeout
     odd = rank == 1
     base_env = dict(os.environ)
@@ -154,6 +141,37 @@ def main() -> int:
         Path(args.json, f"{rank}.json").write_text(json.dumps(doc, indent=2))
     sys.stdout.flush()
     os._exit(0)  # a peer is gone: tearing the group down could wait on it
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=2.0, help="check_agreement's timeout in the fault cases (seconds)")
+    p.add_argument("--json", help="a directory: each rank writes <rank>.json there")
+    args = p.parse_args()
+    if "RANK" not in os.environ:
+        print("run it under torchrun: torchrun --standalone --nproc-per-node 2 benchmarks/nccl_agreement.py [--backend gloo]",
+              file=sys.stderr)
+        return 2
+
+    import torch
+    import torch.distributed as dist
+
+    import hwprofile
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = args.backend == "nccl"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    doc: dict[str, Any] = {"rank": rank, "world": world, "backend": args.backend}
+    doc.update(torch=torch.__version__, hwprofile=hwprofile.__version__)
+
+    cost(args, dev, rank, world, cuda, doc)
+    faults(args, dev, rank, world, doc)
 
 
 if __name__ == "__main__":

@@ -337,7 +337,7 @@ def test_kernel_that_fails_to_load_warns_once_then_the_gate_says_failed(fake: Fa
     ops.router_gemm(h, w)  # no second load attempt, no second warning
     assert loads == [1]
     d = ops.decide("router_gemm", hwprofile.profile(0), m=2, n=256, k=7168)
-    assert d.gate == "failed" and "HWPROFILE_STRICT" in d.reason
+    assert d.gate == "failed" and "HWPROFILE_STRICT" in d.reason and "verification against float64 (or self-test)" in d.reason
     assert hwprofile.profile(0).stats.as_dict()["router_gemm"] == {"kernel": 0, "fallback": 2}
 
 

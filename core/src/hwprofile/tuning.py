@@ -39,7 +39,7 @@ op's measurement is.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
@@ -230,42 +230,48 @@ def parse_measured(op: str, text: str, *, where: str) -> Mapping[Shape, Measured
                 f"'hwprofile sweep {op}'. The entry is not applied"
             )
 
-        shape_s, eq, rest = entry.partition("=")
-        path, colon, times = rest.partition(":")
-        path, at, variant = path.partition("@")
-        if at and variant not in VARIANTS:
-            raise bad(f"names kernel variant {variant!r}, not one of {', '.join(VARIANTS)}")
-        kernel_s, slash, fallback_s = times.partition("/")
-        if not (eq and colon and slash):
-            raise bad("is not in the format")
-        try:
-            shape = _shape(shape_s)
-        except ValueError:
-            raise bad(f"has shape {shape_s!r}, not MxNxK with integer M, N, K") from None
-        if path not in ("kernel", "fallback"):
-            raise bad(f"names path {path!r}, not 'kernel' or 'fallback'")
-        try:
-            fallback_us = float(fallback_s)
-            kernel_us = None if kernel_s == "-" else float(kernel_s)
-        except ValueError:
-            raise bad(f"has times {times!r}, not KERNEL_US/FALLBACK_US in microseconds ('-' for no kernel time)") from None
-        if not all(math.isfinite(t) and t > 0 for t in (fallback_us, kernel_us if kernel_us is not None else 1.0)):
-            raise bad(f"has times {times!r}: each must be a positive number of microseconds")
-        if path == "kernel" and kernel_us is None:
-            raise bad("takes the kernel but records no kernel time (the kernel did not run there)")
-        if min(shape) < 1:
-            raise bad("has an empty dimension (M, N and K must be >= 1)")
-        if shape in out:
-            raise bad(f"repeats shape {shape_text(shape)}")
-        if path == "kernel":
-            why = beyond_limits(op, shape)
-            if why:
-                raise bad(f"routes it to the {op} kernel, which {why}: a shape the kernel cannot take")
-        if at and kernel_us is None:
-            raise bad(f"names kernel variant {variant!r} but records no kernel time")
-        out[shape] = Measured(path == "kernel", kernel_us, fallback_us, variant if at else None)
+        shape, decision = _measured_entry(op, entry, out, bad)
+        out[shape] = decision
     found = _parsed[(op, text)] = MappingProxyType(out)
     return found
+
+
+def _measured_entry(op: str, entry: str, seen: Container[Shape], bad: Callable[[str], SettingError]) -> tuple[Shape, Measured]:
+    """One entry of :func:`parse_measured`'s text, its rules in order (``seen``: the shapes before it; ``bad`` words a refusal)."""
+    shape_s, eq, rest = entry.partition("=")
+    path, colon, times = rest.partition(":")
+    path, at, variant = path.partition("@")
+    if at and variant not in VARIANTS:
+        raise bad(f"names kernel variant {variant!r}, not one of {', '.join(VARIANTS)}")
+    kernel_s, slash, fallback_s = times.partition("/")
+    if not (eq and colon and slash):
+        raise bad("is not in the format")
+    try:
+        shape = _shape(shape_s)
+    except ValueError:
+        raise bad(f"has shape {shape_s!r}, not MxNxK with integer M, N, K") from None
+    if path not in ("kernel", "fallback"):
+        raise bad(f"names path {path!r}, not 'kernel' or 'fallback'")
+    try:
+        fallback_us = float(fallback_s)
+        kernel_us = None if kernel_s == "-" else float(kernel_s)
+    except ValueError:
+        raise bad(f"has times {times!r}, not KERNEL_US/FALLBACK_US in microseconds ('-' for no kernel time)") from None
+    if not all(math.isfinite(t) and t > 0 for t in (fallback_us, kernel_us if kernel_us is not None else 1.0)):
+        raise bad(f"has times {times!r}: each must be a positive number of microseconds")
+    if path == "kernel" and kernel_us is None:
+        raise bad("takes the kernel but records no kernel time (the kernel did not run there)")
+    if min(shape) < 1:
+        raise bad("has an empty dimension (M, N and K must be >= 1)")
+    if shape in seen:
+        raise bad(f"repeats shape {shape_text(shape)}")
+    if path == "kernel":
+        why = beyond_limits(op, shape)
+        if why:
+            raise bad(f"routes it to the {op} kernel, which {why}: a shape the kernel cannot take")
+    if at and kernel_us is None:
+        raise bad(f"names kernel variant {variant!r} but records no kernel time")
+    return shape, Measured(path == "kernel", kernel_us, fallback_us, variant if at else None)
 
 
 def uncovered(table: Mapping[Shape, Measured], stamp: Stamp) -> list[Shape]:

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import _env, _remote, _state
 from ..errors import HwprofileError, KernelError, ToolchainError
@@ -225,36 +226,6 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
         _note(record, COMPILE)
         return CompiledKernel(key, target, cubin, lowered, text, cached=False)
 
-    def fetch_or_build() -> CompiledKernel:
-        """The fleet store after the local layers: a verified hit, else one compile in the fleet, published for the others.
-
-        On a miss this host takes the cubin's compile lock in the store (:func:`hwprofile._remote.compile_lock_key`, the
-        tune lock's semantics) and reads the store again under it: a host that compiled meanwhile published, and its
-        cubin is read instead. A holder alive past :data:`hwprofile._remote.COMPILE_WAIT_S`, or a store that fails, and
-        this host compiles on its own; a killed holder's lock expires after :data:`hwprofile._remote.LOCK_TTL_S`.
-        """
-        store = _remote_store()
-        if store is None:
-            return build()
-        got = kcache.read_remote(store, key, target, exprs)
-        if got is not None:
-            return got
-        lock = None
-        if _why_forbidden() is None:  # NO_COMPILE: build() raises; nothing to coordinate
-            lock = store.lock(_remote.compile_lock_key(key), purpose=_remote.COMPILE, quiet=True)
-            if lock.acquire(_remote.COMPILE_WAIT_S) is not True:
-                lock = None  # the store failed, or a live holder past the bound: compile here
-            else:
-                got = kcache.read_remote(store, key, target, exprs, again=True)  # published while this host waited
-        try:
-            if got is None:
-                got = build()
-                kcache.publish(store, got, doc)
-            return got
-        finally:
-            if lock is not None:
-                lock.release()
-
     if kcache.cache_enabled():
         with kcache.open_layers(create=True) as layers:
             entry = _read_layers(layers, key, target, exprs)
@@ -263,10 +234,10 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
                 with kcache.entry_lock(w.fd, w.path, key):
                     entry = kcache.read(w.fd, w.path, key, target, exprs)  # another process may have finished it meanwhile
                     if entry is None:
-                        entry = fetch_or_build()
+                        entry = _fetch_or_build(build, key, target, exprs, doc)
                         kcache.write(w.fd, w.path, entry, doc)  # a remote hit too: this host's next process reads it locally
             elif entry is None:
-                entry = fetch_or_build()
+                entry = _fetch_or_build(build, key, target, exprs, doc)
         if entry.cached:
             _note(record, HIT, entry.layer)
     else:
@@ -277,6 +248,41 @@ def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, r
     with _memo_lock:
         _memo_compiled[key] = entry
     return entry
+
+
+def _fetch_or_build(
+    build: Callable[[], CompiledKernel], key: str, target: str, exprs: tuple[str, ...], doc: dict[str, Any]
+) -> CompiledKernel:
+    """The fleet store after the local layers: a verified hit, else one compile in the fleet, published for the others.
+
+    On a miss this host takes the cubin's compile lock in the store (:func:`hwprofile._remote.compile_lock_key`, the
+    tune lock's semantics) and reads the store again under it: a host that compiled meanwhile published, and its
+    cubin is read instead. A holder alive past :data:`hwprofile._remote.COMPILE_WAIT_S`, or a store that fails, and
+    this host compiles on its own; a killed holder's lock expires after :data:`hwprofile._remote.LOCK_TTL_S`.
+    ``build`` is :func:`_compile`'s compile (it raises where compiling is forbidden); a module function, not a nested
+    one, so :func:`_compile` reads as the layer walk it is.
+    """
+    store = _remote_store()
+    if store is None:
+        return build()
+    got = kcache.read_remote(store, key, target, exprs)
+    if got is not None:
+        return got
+    lock = None
+    if _why_forbidden() is None:  # NO_COMPILE: build() raises; nothing to coordinate
+        lock = store.lock(_remote.compile_lock_key(key), purpose=_remote.COMPILE, quiet=True)
+        if lock.acquire(_remote.COMPILE_WAIT_S) is not True:
+            lock = None  # the store failed, or a live holder past the bound: compile here
+        else:
+            got = kcache.read_remote(store, key, target, exprs, again=True)  # published while this host waited
+    try:
+        if got is None:
+            got = build()
+            kcache.publish(store, got, doc)
+        return got
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _remote_store() -> _remote.Store | None:

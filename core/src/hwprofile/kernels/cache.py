@@ -388,16 +388,7 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
             out.read.append(layers[write_at])
         out.read += [la for la in layers if not la.writable]
         if shipped:
-            for path, origin in shipped_layers():
-                try:
-                    fd = _open_checked(path, False, read_only=True, any_owner=True)
-                except CacheError as exc:
-                    _warn_once(f"layer:{path}", "kernel cache layer of %s skipped: %s", origin, exc)
-                    continue
-                if fd is None:
-                    _warn_once(f"layer:{path}:absent", "kernel cache layer of %s has no %s directory; it is skipped", origin, path)
-                    continue
-                out.read.append(Layer(path, fd, False, origin, shipped=True))
+            _open_shipped(out)
     except BaseException:
         for _p, fd, _o in opened:
             os.close(fd)
@@ -412,6 +403,22 @@ def open_layers(create: bool = True, environ: Mapping[str, str] | None = None, *
         )
     return out
 
+
+def _open_shipped(out: Layers) -> None:
+    """:func:`open_layers`' last step: append each shipped layer to ``out.read``; a faulty or absent one is one warning and skipped.
+
+    Appended as each opens, so a layer opened before an interrupt is in ``out`` and closed by :func:`open_layers`' cleanup.
+    """
+    for path, origin in shipped_layers():
+        try:
+            fd = _open_checked(path, False, read_only=True, any_owner=True)
+        except CacheError as exc:
+            _warn_once(f"layer:{path}", "kernel cache layer of %s skipped: %s", origin, exc)
+            continue
+        if fd is None:
+            _warn_once(f"layer:{path}:absent", "kernel cache layer of %s has no %s directory; it is skipped", origin, path)
+            continue
+        out.read.append(Layer(path, fd, False, origin, shipped=True))
 
 def open_layer_for_writing(path: Path) -> int:
     """A descriptor of ``path`` as a layer to fill (``hwprofile compile --output``): created private, checked as the write layer."""

@@ -19,8 +19,8 @@ benchmarks/RESULTS.md (Current, "eager fallback path", 2026-12-02) has the op's 
 in the graph, a kernel route or a dynamic shape the ``torch.ops.hwprofile.<op>`` custom op
 (``_library``). A call that needs gradients goes through the custom op and its autograd formula.
 
-A kernel that fails to build, load or launch (or its self-test) warns once and the op falls back from then on
-(``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
+A kernel that fails to build, load or launch (or its verification against float64, or the self-test) warns once and the op
+falls back from then on (``HWPROFILE_STRICT=1`` raises instead): :meth:`_Table.fail`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 from .. import _env, _state, costmodel, tuning
 from .. import profiles as _profile_mod
@@ -252,7 +252,7 @@ def route(r: _Route, m: int, n: int, k: int, operands: tuple[Any, ...] | None = 
 
     Gates, in order: ``empty`` (M, N or K is 0: nothing to launch), ``deterministic``,
     ``no_kernel``, ``failed`` (the kernel did not build, load or launch here, or failed its
-    self-test); then the kernel's limits, the only box: ``m``, ``n``, ``n_multiple``, ``k``,
+    verification against float64 or the self-test); then the kernel's limits, the only box: ``m``, ``n``, ``n_multiple``, ``k``,
     ``k_multiple``, ``roof`` (a configured N range always left to the fallback; none by default);
     inside them, at a shape the sweep measured (``<op>.measured``), its decision: ``measured`` (the
     fallback was faster) or the kernel; elsewhere ``plan`` (the kernel's planner cannot plan the
@@ -329,12 +329,12 @@ def _predicted(r: _Route, m: int, n: int, k: int) -> str:
 
 
 def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
-    """Words for :func:`route`'s answer, naming the setting behind each bound and what a choice rests on."""
+    """Words for :func:`route`'s answer, naming the setting behind each bound and what a choice rests on.
+
+    The kernel's own limits (``m`` onwards in :func:`route`'s order) are worded by :func:`_limit_reason`,
+    so each function stays one screen and one concern: why a choice was made here, which bound refused there.
+    """
     op = r.op
-
-    def name(b: int | str, what: str) -> str:
-        return f"{b}" if isinstance(b, str) else f"the {op.name} kernel's {what}"
-
     d = r.measured.get((m, n, k)) if gate in (None, "measured") else None
     if d is not None:
         us = "could not run" if d.kernel_us is None else f"{d.kernel_us:g} µs"
@@ -353,9 +353,19 @@ def _reason(r: _Route, gate: str | None, m: int, n: int, k: int) -> str:
     if gate == "failed":
         strict = _env.STRICT.name
         return (
-            f"the {op.name} kernel failed to build, load, launch or pass its self-test in this process (warned once); "
-            f"set {strict}=1 to see the error raised"
+            f"the {op.name} kernel failed to build, load, launch or pass its verification against float64 (or self-test) "
+            f"in this process (warned once); set {strict}=1 to see the error raised"
         )
+    return _limit_reason(r, gate, m, n, k)
+
+
+def _limit_reason(r: _Route, gate: str, m: int, n: int, k: int) -> str:
+    """:func:`_reason`'s words for a kernel limit: the bound, its value here, and the setting or kernel constant behind it."""
+    op = r.op
+
+    def name(b: int | str, what: str) -> str:
+        return f"{b}" if isinstance(b, str) else f"the {op.name} kernel's {what}"
+
     if gate == "m":
         if isinstance(op.max_m, int):
             return f"kernel limit: M={m}: the {op.name} kernel takes M <= {r.max_m} only"
@@ -402,7 +412,7 @@ class _Table:
         return {name for name, r in self.routes.items() if r.off == "failed"}
 
     def fail(self, op: str, why: str = "") -> None:
-        """``op``'s kernel cannot be built, loaded or launched here (or failed its self-test): the fallback from now on.
+        """``op``'s kernel cannot be built, loaded or launched here (or failed its verification or self-test): the fallback from now on.
 
         ``why`` (the error, in words) is kept in :attr:`errors` for ``explain`` and ``doctor``; the
         caller warns once. Its launchers go too, so no later call (``run_kernel`` included) launches it.
@@ -804,12 +814,22 @@ def validate(op: OpDef, x: Any, w: Any, scale: Any, out: Any) -> tuple[int, int,
             )
     elif scale is not None:
         raise TypeError(f"{op.name}: takes no scale, got {type(scale).__name__}")
-    if out is not None:
-        want = (*x.shape[:-1], n)
-        if not isinstance(out, torch.Tensor) or out.dtype != getattr(torch, op.out_dtype) or tuple(out.shape) != want or out.device != dev:
-            got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"{op.name}: out must be torch.{op.out_dtype} of shape {want} on {dev}, got {got}")
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.dtype != getattr(torch, op.out_dtype)
+        or tuple(out.shape) != (*x.shape[:-1], n)
+        or out.device != dev
+    ):
+        _bad_out(op, out, (*x.shape[:-1], n), dev)
     return m, n, k, mode
+
+
+def _bad_out(op: OpDef, out: Any, want: tuple[int, ...], dev: Any) -> NoReturn:
+    """:func:`validate`'s error for an ``out`` of the wrong type, dtype, shape or device; out of line, off the per-call path."""
+    import torch
+
+    got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+    raise ValueError(f"{op.name}: out must be torch.{op.out_dtype} of shape {want} on {dev}, got {got}")
 
 
 def general(e: _Entry, x: Any, w: Any, scale: Any, out: Any) -> Any:

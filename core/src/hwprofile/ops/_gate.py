@@ -38,7 +38,7 @@ import numbers
 import threading
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from .. import _state
 from .._log import get_logger
@@ -283,9 +283,7 @@ def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_gr
     if hidden.get_device() != dev or (dev < 0 and hidden.device != weight.device):
         raise ValueError(f"moe_gate: weight is on {weight.device} but hidden is on {hidden.device}; put them on one device")
     if not (type(top_k) is int and type(n_group) is int and type(topk_group) is int and top_k >= 1 and n_group >= 1 and topk_group >= 1):
-        for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
+        _bad_counts(top_k, n_group, topk_group)
     if scoring not in _SCORINGS:
         raise ValueError(f"moe_gate: scoring must be one of {', '.join(map(repr, _SCORINGS))}, got {scoring!r}")
     if n % n_group:
@@ -299,17 +297,44 @@ def check(hidden: Any, weight: Any, bias: Any, top_k: Any, n_group: Any, topk_gr
         raise ValueError(f"moe_gate: topk_group={topk_group} > n_group={n_group}")
     if top_k > topk_group * per:
         raise ValueError(f"moe_gate: top_k={top_k} > the {topk_group * per} experts of topk_group={topk_group} groups of {per}")
-    if bias is not None:
-        if not isinstance(bias, tensor) or bias.dtype is not _F32 or bias.shape != (n,):
-            got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, tensor) else type(bias).__name__
-            raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
-        if bias.get_device() != dev or (dev < 0 and bias.device != weight.device):
-            raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
-        if bias.requires_grad and _dispatch._grad_enabled():
-            raise ValueError(
-                "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
-            )
+    if bias is not None and (
+        not isinstance(bias, tensor)
+        or bias.dtype is not _F32
+        or bias.shape != (n,)
+        or bias.get_device() != dev
+        or (dev < 0 and bias.device != weight.device)
+        or (bias.requires_grad and _dispatch._grad_enabled())
+    ):
+        _bad_bias(bias, weight, n, dev)
     return int(n), int(k)
+
+
+def _bad_counts(top_k: Any, n_group: Any, topk_group: Any) -> NoReturn:
+    """:func:`check`'s error for a group count that is not an int >= 1, naming the first such argument.
+
+    Out of line so the eager path pays one combined test, not a loop (it runs only when that test failed).
+    """
+    for name, v in (("top_k", top_k), ("n_group", n_group), ("topk_group", topk_group)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"moe_gate: {name} must be an int >= 1, got {v!r}")
+    raise AssertionError(f"moe_gate: no bad count among top_k={top_k!r}, n_group={n_group!r}, topk_group={topk_group!r}")
+
+
+def _bad_bias(bias: Any, weight: Any, n: int, dev: int) -> NoReturn:
+    """:func:`check`'s error for a ``bias`` that broke a rule, tested again in :func:`check`'s order to name which.
+
+    Out of line so a valid bias (every DeepSeek-V3 call passes one) costs one combined test on the eager path.
+    """
+    if not isinstance(bias, _Tensor) or bias.dtype is not _F32 or bias.shape != (n,):
+        got = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, _Tensor) else type(bias).__name__
+        raise ValueError(f"moe_gate: bias (e_score_correction_bias) must be float32 of shape ({n},), got {got}")
+    if bias.get_device() != dev or (dev < 0 and bias.device != weight.device):
+        raise ValueError(f"moe_gate: bias is on {bias.device} but weight is on {weight.device}; put them on one device")
+    if bias.requires_grad and _dispatch._grad_enabled():
+        raise ValueError(
+            "moe_gate: bias requires grad, but the correction bias gets no gradient (it is updated outside autograd); detach it"
+        )
+    raise AssertionError(f"moe_gate: no rule broken by bias {tuple(bias.shape)} on {bias.device}")
 
 
 def check_scalars(renormalize: Any, scaling: Any) -> float:
