@@ -179,7 +179,7 @@ def _plan_digest(op: str, spec: Any, grid: Iterable[Shape]) -> str:
 # setting) holds them as ``MxNxK=PATH:KERNEL_US/FALLBACK_US`` entries separated by "; "
 # (``1x4096x7168=kernel:3.1/7.2``; ``-`` for a kernel that could not run the shape). Inside the
 # kernel's limits, dispatch takes the measured path at those shapes and the model's faster predicted
-# path elsewhere, the model corrected by these times (``hwprofile.ops._dispatch.route``).
+# path elsewhere, the model corrected by these times (``hwprofile.ops._route.route``).
 
 MEASURED_FORMAT = (
     "MxNxK=kernel|fallback[@split|@nosplit]:KERNEL_US/FALLBACK_US entries separated by '; ' "
