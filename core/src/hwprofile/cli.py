@@ -20,7 +20,7 @@ from ._cli_sweep import cmd_sweep, cmd_tune
 from ._redact import redacted_output
 from ._text import table
 from .errors import DeviceError, HwprofileError
-from .optable import TABLE
+from .optable import GATES, TABLE
 
 #: Version of ``hwprofile show --json``'s layout (its ``format`` key); keys are only ever added under one number.
 SHOW_FORMAT = 1
@@ -399,7 +399,11 @@ def _explain_decision(prof: Any, args: argparse.Namespace) -> int:
     from .ops import _verify
 
     d = decide(args.key, prof, m=m, n=n, k=k)
-    checked = _verify.states(prof, d.op, m, n, k) if d.path == "kernel" or d.gate == "failed" else []
+    checked: list[str] = []
+    if d.path == "kernel" or d.gate == "failed":
+        from .ops import _gate
+
+        checked = _gate.verification_states(prof, m, n, k) if d.op in GATES else _verify.states(prof, d.op, m, n, k)
     if args.json:
         doc = {"op": d.op, "m": m, "n": n, "k": k, "path": d.path, "basis": d.basis, "gate": d.gate, "reason": d.reason,
                "kernel_us": d.kernel_us, "fallback_us": d.fallback_us, "verification": checked}

@@ -603,6 +603,22 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
     return ids, weights
 
 
+def verification_states(prof: Profile, m: int, n: int, k: int) -> list[str]:
+    """The verification state of the instance the served router of (N, K) takes at M (``explain moe_gate --shape``), in
+    :func:`hwprofile.ops._verify.state`'s words: verified, failed, not yet, or off and by whom."""
+    from . import _verify
+
+    if OP not in prof.kernels:
+        return []
+    r = MOE_GATE.router_for(n, k)
+    launch_plan, _ = plan(prof, m, n, k, r.n_group, r.topk_group, r.top_k, bool(prof["gemv.split_k"]))
+    if launch_plan is None:
+        return []
+    flags = (RENORM if r.renormalize else 0) | (SOFTMAX if r.scoring == "softmax" else 0)
+    state = _verify.state(prof, OP, launch_plan, (m, n, k), _selection_code(r.n_group, r.topk_group, r.top_k, flags))
+    return [f"{state} (the selection of {r.name}: top_k={r.top_k}, n_group={r.n_group}, topk_group={r.topk_group})"]
+
+
 def _selection_code(n_group: int, topk_group: int, top_k: int, flags: int) -> int:
     """The selection an instance was verified with, as the verdict's ``scale`` field (flags, top_k, groups)."""
     return flags | (top_k << 8) | (topk_group << 16) | (n_group << 24)
