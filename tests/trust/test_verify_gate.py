@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from hwprofile.ops import _gate
+from hwprofile.optable import MOE_GATE
 
 torch = pytest.importorskip("torch")
 _gate.bind(torch)
 
-ROUTERS = [(256, 7168, 8, 4, 8), (384, 7168, 1, 1, 8), (64, 2048, 1, 1, 4), (512, 2048, 1, 1, 10)]
+#: every served router of the op table's gate: (N, K, n_group, topk_group, top_k)
+ROUTERS = [(r.n, r.k, r.n_group, r.topk_group, r.top_k) for r in MOE_GATE.routers]
 
 
 def gate(bug: str = "") -> Any:

@@ -260,7 +260,9 @@ def _disable(t: _Table, op: str, v: _verdicts.Verdict) -> None:
     if op in t.errors:
         return
     t.fail(op, why)
-    warnings.warn(f"hwprofile: {op} kernel disabled on cuda:{t.index} ({t.prof.device.name}): {why}; using the torch fallback",
+    warnings.warn(f"hwprofile: {op} kernel disabled on cuda:{t.index} ({t.prof.device.name}): {why}; using the torch fallback "
+                  f"(the verdict stays until the driver, plugin or kernel changes: 'hwprofile doctor' shows it; report it to the "
+                  f"plugin's authors with 'hwprofile doctor --json')",
                   RuntimeWarning, stacklevel=7)  # _disable <- ensure <- _load <- launch <- _dispatch <- call <- the op
 
 
@@ -276,9 +278,6 @@ def inputs(op: str, shape: Shape, scale: int, device: Any, seed: int = 0) -> lis
     # generated on the device (a CPU generator and a copy cost tens of ms at lm-head sizes)
     gen = torch.Generator(device=device).manual_seed(1234 + seed + 7 * m + 13 * n + k)
     dev = {"device": device, "generator": gen}
-
-    def on(t: Any) -> Any:
-        return t
 
     def powers(rows: int, cols: int, lo: int, hi: int) -> Any:
         return torch.pow(2.0, torch.randint(lo, hi + 1, (rows, cols), **dev).float())
@@ -303,7 +302,7 @@ def inputs(op: str, shape: Shape, scale: int, device: Any, seed: int = 0) -> lis
     sets.append(("extremes", x, w, _scale(scale, n, dev, -6, 6)))
     # 3. zero activations: the output is exactly zero (an accumulator never cleared, a stale partial sum shows)
     sets.append(("zeros", torch.zeros(m, k, device=device), torch.randn(n, k, **dev), _scale(scale, n, dev, 0, 0)))
-    return [(name, on(x.to(xdt)), on(w.to(wdt)), None if s is None else on(s)) for name, x, w, s in sets]
+    return [(name, x.to(xdt), w.to(wdt), s) for name, x, w, s in sets]
 
 
 def _scale(scale: int, n: int, dev: dict[str, Any], lo: int, hi: int) -> Any:
