@@ -24,6 +24,10 @@ from hwprofile.errors import AgreementError  # noqa: E402
 
 def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK, world_size=WORLD, timeout=timedelta(seconds=5))
+    # every rank through bring-up before rank 0 leaves: gloo's connection setup still reads the store after rank 0's
+    # init_process_group returns, and a rank cut off there fails inside torch, before hwprofile is called (a race
+    # seen under load on 2026-12-06)
+    dist.barrier()
     hwprofile.reset()
     if RANK == 0:
         try:
@@ -31,6 +35,7 @@ def main() -> None:
         except RuntimeError as exc:
             (OUT / "store_gone.0.json").write_text(json.dumps({"raised": str(exc)}))
         sys.stdout.flush()
+        time.sleep(0.2)  # the barrier's last messages delivered
         os._exit(0)  # an engine's rank 0 that raised and exited: its TCPStore goes with it
     time.sleep(1.0)  # rank 0 is gone by now
     t0 = time.monotonic()
