@@ -87,7 +87,7 @@ def variant_kernel(expr: str) -> klaunch.LoadedKernel:
         if not VARIANTS_CU.is_file():
             raise SystemExit(f"{VARIANTS_CU} is missing: {expr.split('<')[0]} lives there, not in the plugin's source")
         include = (*toolchain.include_dirs(), str(VARIANTS_CU.parent), str(SPEC.source_path().parent))
-        options = toolchain.CompileOptions(prof.target, include, tuple(SPEC.options))
+        options = toolchain.CompileOptions(prof.target, include, SPEC.nvrtc_options)
         what = f"{expr} ({VARIANTS_CU.name})"
         cubin, lowered, _log = toolchain.nvrtc_compile(VARIANTS_CU.read_text(), VARIANTS_CU.name, options, [expr], what=what)
         kern = _variant_kernels[expr] = _load_cubin(cubin, lowered[expr], ARG_TYPES, what)

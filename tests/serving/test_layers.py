@@ -24,7 +24,7 @@ from hwprofile.errors import CacheError
 from hwprofile.kernels import _pipeline as jit
 from hwprofile.kernels import cache as kcache
 from hwprofile.kernels import toolchain
-from hwprofile.kernels.spec import KernelSpec, Launch
+from hwprofile.kernels.spec import KernelSpec, Launch, parse_options
 
 from .conftest import Seam
 from .toy_kernels import EXPR, toy_package
@@ -56,12 +56,12 @@ def private_dir(path: Path) -> Path:
 
 def test_options_in_the_key_carry_no_machine_path() -> None:
     a = toolchain.CompileOptions("sm_90a", ("/venv-a/hwprofile/include", "/venv-a/nvidia/cu13/include"),
-                                 ("-I/opt/a/inc", "--include-path=/opt/a/more", "-include", "/opt/a/pre.h", "-DX=1"))
+                                 parse_options(("-I/opt/a/inc", "--include-path=/opt/a/more", "-include", "/opt/a/pre.h", "-DX=1")))
     b = toolchain.CompileOptions("sm_90a", ("/srv/b/hwprofile/include", "/srv/b/nvidia/cu13/include"),
-                                 ("-I/opt/b/inc", "--include-path=/opt/b/more", "-include", "/opt/b/pre.h", "-DX=1"))
+                                 parse_options(("-I/opt/b/inc", "--include-path=/opt/b/more", "-include", "/opt/b/pre.h", "-DX=1")))
     assert a.as_key() == b.as_key()
     assert not any("/venv-a" in f or "/opt/a" in f for f in a.as_key()["flags"])
-    assert toolchain.CompileOptions("sm_90a", a.include_dirs, ("-DX=2",)).as_key() != a.as_key()  # options still count
+    assert toolchain.CompileOptions("sm_90a", a.include_dirs, parse_options(("-DX=2",))).as_key() != a.as_key()  # options still count
 
 
 def test_same_kernels_at_another_prefix_are_hits(tmp_path: Path) -> None:

@@ -171,9 +171,8 @@ def _kernel_digest(spec: Any) -> str:
     prefixes agree.
     """
     from ..kernels import include_dirs
-    from ..kernels.toolchain import portable_options
 
-    doc = repr((spec.package, spec.source, spec.source_digest(include_dirs()), tuple(portable_options(spec.options)),
+    doc = repr((spec.package, spec.source, spec.source_digest(include_dirs()), spec.nvrtc_options.portable,
                 tuple(spec.instances)))
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 

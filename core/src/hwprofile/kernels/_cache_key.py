@@ -29,7 +29,7 @@ def key_document(spec: KernelSpec, options: CompileOptions, expressions: Sequenc
 
     dirs = options.header_dirs()
     pre = []
-    for name in options.pre_includes():
+    for name in options.extra.pre_includes:
         found = _resolve_include(name, dirs)
         pre.append([os.path.basename(name), _source_digest(str(found), dirs) if found is not None else None])
     return {

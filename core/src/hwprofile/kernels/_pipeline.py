@@ -144,7 +144,7 @@ def _why_forbidden() -> str | None:
 
 def options_for(spec: KernelSpec, target: str) -> CompileOptions:
     """The compile options of ``spec`` for ``target``: fixed include directories, then the spec's options."""
-    return CompileOptions(target, include_dirs(), tuple(spec.options))
+    return CompileOptions(target, include_dirs(), spec.nvrtc_options)
 
 
 def cache_key(spec: KernelSpec, target: str, expressions: Sequence[str]) -> str:

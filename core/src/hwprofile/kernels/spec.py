@@ -8,6 +8,7 @@ cache and launch machinery. A digest that must cover the CUDA headers gets them 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -147,8 +148,12 @@ class KernelSpec(Record):
         :func:`hwprofile.kernels.include_dirs` (hwprofile's, then the CUDA headers NVRTC compiles
         against) to cover those too.
         """
-        dirs = (*include_dirs, *option_values(self.options, "-I", "--include-path", glued=True))
-        return _source_digest(str(self.source_path()), dirs)
+        return _source_digest(str(self.source_path()), (*include_dirs, *self.nvrtc_options.include_dirs))
+
+    @property
+    def nvrtc_options(self) -> NvrtcOptions:
+        """``options``, parsed (once per distinct tuple): what the compile, the cache key and the digests read."""
+        return parse_options(tuple(self.options))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -177,6 +182,10 @@ def collect_kernels(reg: _Registry, selection: _Selection, info: DeviceInfo) -> 
                 )
             spec = spec.replace(plugin=p.name, distribution_version=f"{p.distribution} {p.version}")
             spec.source_path()  # a missing source is the plugin author's error: report it now, by name
+            try:
+                spec.nvrtc_options  # noqa: B018 - parsed here, so a bad option is reported now, by plugin and kernel
+            except ValueError as exc:
+                raise PluginError(f"plugin {p.label}: kernel {spec.op!r} has a bad NVRTC option: {exc}") from None
             out[spec.op] = spec
     return out
 
@@ -199,17 +208,74 @@ def _package_dir(package: str) -> Path | None:
     return Path(str(resources.files(package)))
 
 
-def option_values(options: Sequence[str], short: str, long: str, *, glued: bool) -> list[str]:
-    """Values of ``short v`` / ``long v`` / ``long=v`` (and ``-Xv`` if ``glued``) in an NVRTC option list."""
-    out, it = [], iter(options)
+@final
+class NvrtcOptions(Record):
+    """A kernel spec's own NVRTC options, parsed once (:func:`parse_options`): every consumer reads these fields.
+
+    The compile passes ``argv``; the header search and the source digest read ``include_dirs``; the cache key reads
+    ``pre_includes`` (by content) and ``portable`` (``argv`` without a machine path), so no consumer re-parses the
+    option strings and none can disagree about which directory an option names.
+    """
+
+    __slots__ = ("argv", "include_dirs", "pre_includes", "portable")
+
+    #: The options as given, in order: what NVRTC gets after the fixed flags and hwprofile's include directories.
+    argv: tuple[str, ...]
+    #: The value of every ``-I DIR`` / ``-IDIR`` / ``--include-path[=]DIR``, in NVRTC's search order.
+    include_dirs: tuple[str, ...]
+    #: The value of every ``-include H`` / ``--pre-include[=]H``: headers NVRTC reads before the source.
+    pre_includes: tuple[str, ...]
+    #: ``argv`` with each include directory a numbered placeholder and each forced header by its file name: the
+    #: cache key's and the rank digest's form (the headers themselves are digested by content).
+    portable: tuple[str, ...]
+
+    def __init__(self, argv: tuple[str, ...], include_dirs: tuple[str, ...], pre_includes: tuple[str, ...],
+                 portable: tuple[str, ...]) -> None:
+        _set(self, "argv", argv)
+        _set(self, "include_dirs", include_dirs)
+        _set(self, "pre_includes", pre_includes)
+        _set(self, "portable", portable)
+
+
+_INCLUDE_DIR = ("-I", "--include-path")
+_PRE_INCLUDE = ("-include", "--pre-include")
+
+
+@cache
+def parse_options(options: tuple[str, ...]) -> NvrtcOptions:
+    """Parse a spec's NVRTC options into :class:`NvrtcOptions`; a flag without its value is a ``ValueError`` naming it."""
+    dirs: list[str] = []
+    pre: list[str] = []
+    portable: list[str] = []
+    it = iter(options)
     for o in it:
-        if o in (short, long):
-            out.append(next(it, ""))
-        elif o.startswith(long + "="):
-            out.append(o[len(long) + 1 :])
-        elif glued and o.startswith(short):
-            out.append(o[len(short) :])
-    return [v for v in out if v]
+        if not isinstance(o, str):
+            raise ValueError(f"NVRTC option {o!r} is a {type(o).__name__}: options are strings")
+        flag, eq, glued = o.partition("=")
+        if o in _INCLUDE_DIR or o in _PRE_INCLUDE:  # the value is the next option
+            value = next(it, "")
+            flag, sep = o, " "
+        elif eq and flag in ("--include-path", "--pre-include"):
+            value, sep = glued, "="
+        elif o.startswith("-I"):
+            flag, value, sep = "-I", o[2:], ""
+        else:
+            portable.append(o)
+            continue
+        if not value:
+            what = "DIR" if flag in _INCLUDE_DIR else "HEADER"
+            raise ValueError(f"NVRTC option {o!r} has no value: write {flag} {what} or {flag}={what}".replace("-I=", "-I"))
+        if flag in _INCLUDE_DIR:
+            placeholder = f"<-I {len(dirs)}>"
+            dirs.append(value)
+        else:  # a forced header may be named by a path: only its file name enters the key, its content is digested
+            placeholder = f"<pre-include {os.path.basename(value)}>"
+            pre.append(value)
+        portable += [flag, placeholder] if sep == " " else [f"{flag}{sep}{placeholder}"]
+    return NvrtcOptions(tuple(options), tuple(dirs), tuple(pre), tuple(portable))
+
+
+NO_OPTIONS = parse_options(())
 
 
 def _resolve_include(name: str, dirs: Sequence[str]) -> Path | None:

@@ -13,7 +13,6 @@ cuda-python is imported only when NVRTC is asked something.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 
 from .. import _deps, _state
 from ..errors import KernelCompileError, ToolchainError
-from .spec import OWN_INCLUDE, option_values
+from .spec import NO_OPTIONS, OWN_INCLUDE, NvrtcOptions
 
 STD = "c++17"
 #: Flags every compile gets, before the include directories and the spec's own options.
@@ -160,25 +159,21 @@ def check_target(target: str) -> None:
 class CompileOptions:
     """Everything but the source and the name expressions that decides what one NVRTC call produces.
 
-    ``extra`` are a :class:`~hwprofile.KernelSpec`'s own options, passed after the fixed flags;
-    ``include_dirs`` hwprofile's and the CUDA headers (searched before any ``-I`` in ``extra``).
+    ``extra`` are a :class:`~hwprofile.KernelSpec`'s own options, parsed (``spec.nvrtc_options``), passed after
+    the fixed flags; ``include_dirs`` hwprofile's and the CUDA headers (searched before any ``-I`` in ``extra``).
     """
 
     target: str
     include_dirs: tuple[str, ...] = ()
-    extra: tuple[str, ...] = ()
+    extra: NvrtcOptions = NO_OPTIONS
 
     def flags(self) -> list[str]:
         """The option list handed to ``nvrtcCompileProgram``, in order."""
-        return [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *(f"-I{d}" for d in self.include_dirs), *self.extra]
+        return [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *(f"-I{d}" for d in self.include_dirs), *self.extra.argv]
 
     def header_dirs(self) -> tuple[str, ...]:
         """Directories NVRTC searches for ``#include``, in its order: fixed ones, then ``-I`` of ``extra``."""
-        return (*self.include_dirs, *option_values(self.extra, "-I", "--include-path", glued=True))
-
-    def pre_includes(self) -> tuple[str, ...]:
-        """Headers ``extra`` force-includes (``-include`` / ``--pre-include``)."""
-        return tuple(option_values(self.extra, "-include", "--pre-include", glued=False))
+        return (*self.include_dirs, *self.extra.include_dirs)
 
     def as_key(self) -> dict[str, Any]:
         """The options as a JSON-able document for the cache key, without a machine path.
@@ -189,32 +184,7 @@ class CompileOptions:
         kernels at another prefix or on another host share their entries.
         """
         fixed = [f"-I<include {i}>" for i in range(len(self.include_dirs))]
-        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *portable_options(self.extra)]}
-
-
-def portable_options(options: Sequence[str]) -> list[str]:
-    """``options`` with every include directory replaced by a numbered placeholder, every forced header by its file name."""
-    out: list[str] = []
-    n = 0
-    it = iter(options)
-    for o in it:
-        if o in ("-I", "--include-path"):
-            next(it, None)
-            out += [o, f"<-I {n}>"]
-            n += 1
-        elif o.startswith("--include-path="):
-            out.append(f"--include-path=<-I {n}>")
-            n += 1
-        elif o.startswith("-I") and len(o) > 2:
-            out.append(f"-I<-I {n}>")
-            n += 1
-        elif o in ("-include", "--pre-include"):  # a forced header may be named by a path: its content is in the key
-            out += [o, f"<pre-include {os.path.basename(next(it, ''))}>"]
-        elif o.startswith("--pre-include="):
-            out.append(f"--pre-include=<pre-include {os.path.basename(o.partition('=')[2])}>")
-        else:
-            out.append(o)
-    return out
+        return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *self.extra.portable]}
 
 
 @dataclass(frozen=True)
