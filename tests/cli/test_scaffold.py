@@ -1,7 +1,8 @@
 """A new architecture is a new package: the guide's steps, run for real (sm_89, L40S).
 
-The scaffold is installed into this test environment with pip and uninstalled at the end, so the
-test runs only where no device is simulated for the whole session (the "none" leg of .ci/run).
+The scaffold is installed with pip into a directory of its own (``pip install --target``), and the guide's
+commands run in fresh processes that have it on ``PYTHONPATH``: the environment the tests run in is never
+changed, so these tests run beside any other.
 """
 
 from __future__ import annotations
@@ -39,13 +40,23 @@ def test_guide_files_are_the_scaffold() -> None:
 
 
 def hw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwprofile.cli", *args], capture_output=True, text=True, env=env or os.environ.copy())
+    return subprocess.run([sys.executable, "-m", "hwprofile.cli", *args], capture_output=True, text=True, env=env or _clean_env())
 
 
-@pytest.mark.skipif(
-    bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device"
-)
-@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
+def _clean_env(site: Path | None = None) -> dict[str, str]:
+    """This process's environment without a simulated device, plus ``site`` (a ``pip install --target``) on the path."""
+    env = {k: v for k, v in os.environ.items() if k != "HWPROFILE_DEVICE"}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _install(pkg: Path, site: Path) -> None:
+    """``pip install PKG`` as the guide says, into ``site`` only: the test environment stays as it was."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(pkg)],
+                   check=True, capture_output=True)
+
+
 def test_guide_steps_for_sm89(tmp_path: Path) -> None:
     _, commands = doc_blocks()
     assert commands == [
@@ -57,33 +68,30 @@ def test_guide_steps_for_sm89(tmp_path: Path) -> None:
         "python -m pytest hwprofile-sm89/tests",
         "pip uninstall -y hwprofile-sm89",
     ]
-    pkg = tmp_path / "hwprofile-sm89"
+    pkg, site = tmp_path / "hwprofile-sm89", tmp_path / "site"
     assert main(["new-plugin", "sm89", "--capability", "8.9", "--dir", str(pkg)]) == 0
-    pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-build-isolation", str(pkg)], check=True, capture_output=True)
-    try:
-        show = json.loads(hw("show", "--simulate", "l40s", "--json").stdout)
-        assert (
-            show["plugin"]["name"] == "sm89"
-            and show["plugin"]["distribution"] == "hwprofile-sm89"
-            and show["plugin"]["nvrtc_arch"] == "sm_89"
-        )
-        flag = json.loads(hw("explain", "sm89.example_flag", "--simulate", "l40s", "--json").stdout)
-        assert (
-            flag["value"] is True
-            and flag["source"] == "hwprofile-sm89 0.1.0"
-            and flag["chain"][-1]["reason"] == "why this architecture wants the flag on"
-        )
-        if sys.modules.get("cuda.bindings.nvrtc") or _has_nvrtc():
-            rows = json.loads(hw("compile", "--arch", "sm_89", "--json").stdout)
-            assert [(r["op"], r["target"], r["errors"]) for r in rows] == [("sm89_scale", "sm_89", [])] and rows[0]["cubin_bytes"] > 0
-        own = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")], capture_output=True, text=True
-        )
-        assert own.returncode == 0, own.stdout[-2000:]
-    finally:
-        subprocess.run([*pip, "uninstall", "-y", "-q", "hwprofile-sm89"], check=True, capture_output=True)
-    show = json.loads(hw("show", "--simulate", "l40s", "--json").stdout)
+    _install(pkg, site)
+    env = _clean_env(site)
+    show = json.loads(hw("show", "--simulate", "l40s", "--json", env=env).stdout)
+    assert (
+        show["plugin"]["name"] == "sm89"
+        and show["plugin"]["distribution"] == "hwprofile-sm89"
+        and show["plugin"]["nvrtc_arch"] == "sm_89"
+    )
+    flag = json.loads(hw("explain", "sm89.example_flag", "--simulate", "l40s", "--json", env=env).stdout)
+    assert (
+        flag["value"] is True
+        and flag["source"] == "hwprofile-sm89 0.1.0"
+        and flag["chain"][-1]["reason"] == "why this architecture wants the flag on"
+    )
+    if sys.modules.get("cuda.bindings.nvrtc") or _has_nvrtc():
+        rows = json.loads(hw("compile", "--arch", "sm_89", "--json", env={**env, "HWPROFILE_CACHE_DIR": str(tmp_path / "cache")}).stdout)
+        assert [(r["op"], r["target"], r["errors"]) for r in rows] == [("sm89_scale", "sm_89", [])] and rows[0]["cubin_bytes"] > 0
+    own = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pkg / "tests")], capture_output=True, text=True, env=env
+    )
+    assert own.returncode == 0, own.stdout[-2000:]
+    show = json.loads(hw("show", "--simulate", "l40s", "--json").stdout)  # the guide's last step: without it, no plugin
     assert show["plugin"]["name"] is None and "no installed architecture plugin" in show["plugin"]["reason"]
 
 
@@ -291,6 +299,8 @@ def test_a_family_scaffold_resolves_with_every_op_and_the_gate(tmp_path: Path, m
 
     scaffold.write(tmp_path / "sm110", "sm110", "11.0", "sm_110a", family=True)
     monkeypatch.syspath_prepend(str(tmp_path / "sm110" / "src"))
+    monkeypatch.setitem(sys.modules, "hwprofile_sm110", None)  # recorded, so the import below is forgotten after the test
+    del sys.modules["hwprofile_sm110"]
     mod = importlib.import_module("hwprofile_sm110")
     reg = Registry({})
     reg.register(mod, "sm110", distribution="hwprofile-sm110", version="0.1.0")
@@ -304,23 +314,16 @@ def test_a_family_scaffold_resolves_with_every_op_and_the_gate(tmp_path: Path, m
         assert compile_kernel(prof.kernels["gemv"], prof.target).cubin[:4] == b"\x7fELF"
 
 
-@pytest.mark.skipif(
-    bool(os.environ.get("HWPROFILE_DEVICE")), reason="installs a plugin into the environment: runs in the leg without a simulated device"
-)
-@pytest.mark.hwprofile_per_device  # its skipif reads the session device: runs in the leg without one
 def test_a_family_scaffold_passes_its_own_tests_installed(tmp_path: Path) -> None:
-    pkg = tmp_path / "hwprofile-sm110"
+    pkg, site = tmp_path / "hwprofile-sm110", tmp_path / "site"
     assert main(["new-plugin", "sm110", "--capability", "11.0", "--target", "sm_110a", "--family", "--dir", str(pkg)]) == 0
-    pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-build-isolation", str(pkg)], check=True, capture_output=True)
-    try:
-        own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(pkg / "tests")],
-                             capture_output=True, text=True, cwd=tmp_path)
-        assert own.returncode == 0, own.stdout[-3000:]
-        # the plan checks (one of two devices of a capability skips: it has one) and the compile; the GPU checks skip here
-        assert re.search(r"\b4 passed, 18 skipped\b", own.stdout), own.stdout[-2000:]
-    finally:
-        subprocess.run([*pip, "uninstall", "-y", "-q", "hwprofile-sm110"], check=True, capture_output=True)
+    _install(pkg, site)
+    env = {**_clean_env(site), "HWPROFILE_CACHE_DIR": str(tmp_path / "cache")}
+    own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(pkg / "tests")],
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert own.returncode == 0, own.stdout[-3000:]
+    # the plan checks (one of two devices of a capability skips: it has one) and the compile; the GPU checks skip here
+    assert re.search(r"\b4 passed, 18 skipped\b", own.stdout), own.stdout[-2000:]
 
 
 # --- capabilities a plugin can be built for, and first steps that work where they are printed (issue 40) ----------
