@@ -74,6 +74,7 @@ def test_a_planted_secret_reaches_no_output(
 ) -> None:
     url, secrets = forms(f"127.0.0.1:{store.port}")[form]
     monkeypatch.setenv("HWPROFILE_REMOTE", url)
+    monkeypatch.setenv("HWPROFILE_REMOTE_TIMEOUT", "0.5")  # the TLS form's handshake with a plain server waits this long
     monkeypatch.setenv("HWPROFILE_DEVICE", "h200")
     text = every_output(capsys, caplog)
     for secret in secrets:
