@@ -48,7 +48,7 @@ def test_record_is_not_a_tuple(rec: Record) -> None:
 
 @pytest.mark.parametrize("rec", SAMPLES, ids=lambda r: type(r).__name__)
 def test_record_is_a_frozen_value(rec: Record) -> None:
-    field = rec.__slots__[0]
+    field = rec.__record_fields__[0]
     with pytest.raises(AttributeError, match="frozen"):
         setattr(rec, field, None)
     with pytest.raises(AttributeError, match="frozen"):

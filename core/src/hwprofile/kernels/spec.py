@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _state
-from .._record import Record, _set, final
+from .._record import Record, final
 from ..errors import PluginError
 
 if TYPE_CHECKING:  # what collect_kernels reads of the registry, as protocols: no import of it, so no circle
@@ -58,26 +58,16 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 class Launch(Record):
     """How to launch one kernel instance: its template name expression, grid, block, dynamic smem, PDL."""
 
-    __slots__ = ("name_expression", "grid", "block", "shared_bytes", "pdl")
-
     #: The instance, as NVRTC names it: ``"hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0>"``.
     name_expression: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     #: Dynamic shared memory per block, in bytes; above 48 KiB the launcher opts in first.
-    shared_bytes: int
+    shared_bytes: int = 0
     #: Launch with programmatic stream serialization (programmatic dependent launch): the kernel may
     #: start while its predecessor on the stream finishes. Only for kernels that execute
     #: ``griddepcontrol.wait`` before touching anything a predecessor may write.
-    pdl: bool
-
-    def __init__(self, name_expression: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int = 0,
-                 pdl: bool = False) -> None:
-        _set(self, "name_expression", name_expression)
-        _set(self, "grid", grid)
-        _set(self, "block", block)
-        _set(self, "shared_bytes", shared_bytes)
-        _set(self, "pdl", pdl)
+    pdl: bool = False
 
 
 @final
@@ -90,8 +80,6 @@ class KernelSpec(Record):
     ``instances`` is compiled on its first use, and cached the same way).
     """
 
-    __slots__ = ("op", "package", "source", "instances", "configure", "options", "doc", "plugin", "distribution_version")
-
     #: The op it implements (``"router_gemm"``); a higher-priority plugin's spec replaces a lower one's.
     op: str
     #: The importable package that ships the source as package data.
@@ -102,25 +90,11 @@ class KernelSpec(Record):
     #: ``configure(**shape) -> Launch``; pure, so launch plans are tested on the CPU.
     configure: Callable[..., Launch]
     #: Extra NVRTC options (part of the cache key).
-    options: tuple[str, ...]
-    doc: str
+    options: tuple[str, ...] = ()
+    doc: str = ""
     #: Filled in by hwprofile when it collects the spec: the plugin's name and ``"<distribution> <version>"``.
-    plugin: str
-    distribution_version: str
-
-    def __init__(
-        self, op: str, package: str, source: str, instances: tuple[str, ...], configure: Callable[..., Launch],
-        options: tuple[str, ...] = (), doc: str = "", plugin: str = "", distribution_version: str = "",
-    ) -> None:
-        _set(self, "op", op)
-        _set(self, "package", package)
-        _set(self, "source", source)
-        _set(self, "instances", instances)
-        _set(self, "configure", configure)
-        _set(self, "options", options)
-        _set(self, "doc", doc)
-        _set(self, "plugin", plugin)
-        _set(self, "distribution_version", distribution_version)
+    plugin: str = ""
+    distribution_version: str = ""
 
     def source_path(self) -> Path:
         """Filesystem path of the source; an error says which package data is missing."""
