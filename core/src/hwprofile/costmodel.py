@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, NamedTuple
+from typing import Final
 
 from ._record import Record, _set, final
 from .errors import SettingError
@@ -55,7 +55,8 @@ MODEL_FORMAT: Final = (
 )
 
 
-class Sample(NamedTuple):
+@final
+class Sample(Record):
     """One measured shape: both paths' median times in µs (``kernel_us`` None: the kernel could not run it)."""
 
     m: int
@@ -193,7 +194,8 @@ def fit(op: str, samples: Sequence[Sample], *, near: int = NEAR, n_weight: float
 # --- predicting ----------------------------------------------------------------------------------
 
 
-class Prediction(NamedTuple):
+@final
+class Prediction(Record):
     """Both paths' predicted µs at one shape and what they rest on."""
 
     kernel_us: float  #: math.inf when the model has no kernel trend
@@ -240,7 +242,8 @@ def predict(model: CostModel, measured: Mapping[Shape, tuple[float | None, float
     return Prediction(kernel, corrected(model.fallback, 1), tuple(s for _, s in near))
 
 
-class VariantChoice(NamedTuple):
+@final
+class VariantChoice(Record):
     """The kernel variant predicted fastest at one shape, and what the choice rests on."""
 
     variant: str | None  #: a key of ``tuning.VARIANTS``; None: no measured shape names one (the profile's default)
@@ -376,7 +379,8 @@ def scaled(model: CostModel, factor: float) -> CostModel:
 # --- cross-validation ----------------------------------------------------------------------------
 
 
-class Held(NamedTuple):
+@final
+class Held(Record):
     """One held-out shape of one model: measured times, the predicted path and its regret."""
 
     model: str  #: the held-out model (catalog name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _env, _state
 from ._log import get_logger
@@ -223,7 +223,8 @@ def _renumber(d: DeviceInfo, index: int) -> DeviceInfo:
 # --- ordering: make device i mean what CUDA device i means ----------------------------------------
 
 
-class _Raw(NamedTuple):
+@final
+class _Raw(Record):
     info: DeviceInfo
     cores: int | None  # CUDA cores, a proxy CUDA's FASTEST_FIRST order can be estimated from
 

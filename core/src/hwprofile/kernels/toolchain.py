@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from .. import _deps, _state
+from .._record import Record, final
 from ..errors import KernelCompileError, ToolchainError
 from .spec import OWN_INCLUDE, option_values
 
@@ -156,8 +156,8 @@ def check_target(target: str) -> None:
         raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with {upgrade}")
 
 
-@dataclass(frozen=True)
-class CompileOptions:
+@final
+class CompileOptions(Record):
     """Everything but the source and the name expressions that decides what one NVRTC call produces.
 
     ``extra`` are a :class:`~hwprofile.KernelSpec`'s own options, passed after the fixed flags;
@@ -217,8 +217,8 @@ def portable_options(options: Sequence[str]) -> list[str]:
     return out
 
 
-@dataclass(frozen=True)
-class CompiledKernel:
+@final
+class CompiledKernel(Record):
     """A cubin and the mangled names of its instances, plus what the compile reported."""
 
     key: str
