@@ -31,6 +31,9 @@ s: str = prof.get("router_gemm.max_tokens", int)
 prof.fingerprint = "x"
 len(prof.device)
 prof.get("router_gemm.max_tokens", list)
+from hwprofile.plugin import Launch  # a record's synthesized __init__ is checked at every construction site
+Launch("k<1>", (1, 1, 1), (32, 1, 1), shared_bytes="0")
+Launch("k<1>", (1, 1, 1))
 '''
 
 
@@ -49,4 +52,4 @@ def test_engine_code_type_checks(tmp_path: Path) -> None:
     out, err, status = api.run(["--strict", *cache, str(tmp_path / "wrong.py")])
     assert status == 1
     errors = [line for line in out.splitlines() if ": error:" in line]
-    assert [int(line.split(":")[1]) for line in errors] == [5, 6, 7, 8], out
+    assert [int(line.split(":")[1]) for line in errors] == [5, 6, 7, 8, 10, 11], out
