@@ -207,3 +207,17 @@ def test_record_imports_neither_typing_nor_dataclasses_nor_inspect() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_init_is_compiled_on_first_construction_and_behaves_the_same() -> None:
+    # the stand-in (hwprofile._record._first_init) and the compiled __init__ give the same results and errors
+    fresh = _define("Fresh", {"__annotations__": {"x": "int", "y": "int"}, "y": 5})
+    stand_in = fresh.__init__  # type: ignore[misc]
+    assert stand_in.__code__.co_varnames[:3] == ("self", "args", "kwargs")
+    with pytest.raises(TypeError, match=r"Fresh.__init__\(\) missing 1 required positional argument: 'x'"):
+        fresh()
+    compiled = fresh.__init__  # type: ignore[misc]
+    assert compiled is not stand_in and compiled.__code__.co_varnames[:3] == ("self", "x", "y")
+    with pytest.raises(TypeError, match=r"Fresh.__init__\(\) missing 1 required positional argument: 'x'"):
+        fresh()
+    assert repr(fresh(1)) == "Fresh(x=1, y=5)" and fresh.__init__ is compiled  # type: ignore[misc]

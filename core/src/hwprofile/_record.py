@@ -16,9 +16,11 @@ class attributes, each with a ``#:`` doc comment where the name does not say it 
         shared_bytes: int = 0  #: a default is the value written in the class body
 
 The annotation order is the field order (of ``__init__``'s parameters and of ``repr``); a
-``ClassVar`` annotation is not a field. The base generates ``__slots__`` and an ``__init__`` that
-takes every field by position or keyword, defaults honoured (a missing or unexpected argument is
-Python's own ``TypeError``, naming ``<Record>.__init__`` and the field); a record writes neither.
+``ClassVar`` annotation is not a field. The base (its metaclass) generates ``__slots__`` and an
+``__init__`` that takes every field by position or keyword, defaults honoured (a missing or unexpected
+argument is Python's own ``TypeError``, naming ``<Record>.__init__`` and the field; the function is
+compiled when the record is first constructed, :func:`_first_init`); a record writes neither, and
+defining either is a ``TypeError``. Type checkers see the same ``__init__`` (``dataclass_transform``).
 A record that checks or normalises its input does it in one hook, ``__post_init__(self)``: the
 generated ``__init__`` calls it after setting the fields (and so does :meth:`Record.replace` and
 unpickling, which construct), and it normalises a field with ``_set(self, "field", value)`` (the
@@ -34,7 +36,7 @@ from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Any, ClassVar, Self, dataclass_transform, final
 else:
 
@@ -109,7 +111,7 @@ def _fields(name: str, bases: tuple[type, ...], ns: dict[str, Any]) -> tuple[tup
     return (*fields, *own), defaults, tuple(own)
 
 
-def _make_init(cls: type, fields: tuple[str, ...], defaults: dict[str, object]) -> Callable[..., None]:
+def _make_init(cls: type, fields: tuple[str, ...], defaults: Mapping[str, object]) -> Callable[..., None]:
     """The record's ``__init__``, as source compiled once per class (as ``dataclasses`` does): the
     parameters are the fields, so Python itself names a missing or unexpected one."""
     params = "".join(f", {f}=__d_{f}" if f in defaults else f", {f}" for f in fields)
@@ -117,11 +119,25 @@ def _make_init(cls: type, fields: tuple[str, ...], defaults: dict[str, object]) 
     if hasattr(cls, "__post_init__"):
         body += "\n    self.__post_init__()"
     scope: dict[str, object] = {"__set": _set, **{f"__d_{f}": v for f, v in defaults.items()}}
-    exec(f"def __init__(self{params}):{body or chr(10) + '    pass'}\n", scope)
+    exec(f"def __init__(self{params}):{body or chr(10) + '    pass'}\n", scope)  # noqa: S102 - source built from identifiers only
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]  # what Python's argument errors name
     init.__module__ = cls.__module__
     return init  # type: ignore[return-value]
+
+
+def _first_init(cls: type) -> Callable[..., None]:
+    """Until a record is first constructed, its ``__init__`` is this stand-in: it compiles the real one
+    (:func:`_make_init`), puts it in its place and calls it. Compiling costs about 80 µs a record (one
+    ``compile``); most records a process defines are never constructed by its first ``profile()``."""
+
+    def __init__(self: Record, *args: Any, **kwargs: Any) -> None:
+        init = _make_init(cls, cls.__record_fields__, cls.__record_defaults__)  # type: ignore[attr-defined]
+        type.__setattr__(cls, "__init__", init)  # two threads may both compile: the same function, either wins
+        init(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
 
 
 class _RecordType(type):
@@ -141,7 +157,7 @@ class _RecordType(type):
         ns["__record_fields__"] = fields
         ns["__record_defaults__"] = MappingProxyType(defaults)
         cls = super().__new__(mcs, name, bases, ns, **kwargs)
-        type.__setattr__(cls, "__init__", _make_init(cls, fields, defaults))
+        type.__setattr__(cls, "__init__", _first_init(cls))
         return cls
 
 
