@@ -169,6 +169,8 @@ def _define(name: str, body: dict[str, object]) -> type:
         ({"__annotations__": {}}, "record Bad declares no fields"),
         ({"__annotations__": {"K": "ClassVar[int]"}, "K": 1}, "record Bad declares no fields"),
         ({"__annotations__": {"__x": "int"}}, "record Bad: field '__x' starts with '__'"),
+        ({"__annotations__": {"x=1): pass\nimport os #": "int"}}, "record Bad: field .* is not a Python identifier"),
+        ({"__annotations__": {"lambda": "int"}}, "record Bad: field 'lambda' is not a Python identifier"),
     ],
 )
 def test_a_record_written_another_way_is_refused_naming_it(body: dict[str, object], message: str) -> None:

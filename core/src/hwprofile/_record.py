@@ -32,6 +32,7 @@ an accumulator filled in step by step (a report, counters) is state, a plain ``@
 
 from __future__ import annotations
 
+from keyword import iskeyword
 from types import MappingProxyType
 
 TYPE_CHECKING = False
@@ -97,6 +98,8 @@ def _fields(name: str, bases: tuple[type, ...], ns: dict[str, Any]) -> tuple[tup
             continue
         if field in fields:
             raise TypeError(f"record {name} declares field {field!r} again: it is a field of a base record already")
+        if not field.isidentifier() or iskeyword(field):
+            raise TypeError(f"record {name}: field {field!r} is not a Python identifier")
         if field.startswith("__"):
             raise TypeError(f"record {name}: field {field!r} starts with '__'; name fields without leading double underscores")
         if field in ns:
@@ -119,7 +122,7 @@ def _make_init(cls: type, fields: tuple[str, ...], defaults: Mapping[str, object
     if hasattr(cls, "__post_init__"):
         body += "\n    self.__post_init__()"
     scope: dict[str, object] = {"__set": _set, **{f"__d_{f}": v for f, v in defaults.items()}}
-    exec(f"def __init__(self{params}):{body or chr(10) + '    pass'}\n", scope)  # noqa: S102 - source built from identifiers only
+    exec(f"def __init__(self{params}):{body or chr(10) + '    pass'}\n", scope)  # fields are checked identifiers (_fields)
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]  # what Python's argument errors name
     init.__module__ = cls.__module__
