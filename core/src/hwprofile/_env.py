@@ -1,7 +1,7 @@
 """Every ``HWPROFILE_*`` control variable the core reads, declared once: name, parser, one line of doc.
 
-Never imports a hwprofile module but :mod:`hwprofile.errors`, :mod:`hwprofile._redact` and
-:mod:`hwprofile._storeurl` (which import nothing else of hwprofile): it sits at the bottom of the import
+Never imports a hwprofile module but :mod:`hwprofile.errors`, :mod:`hwprofile._redact`,
+:mod:`hwprofile._storeurl` and :mod:`hwprofile._record` (which import nothing else of hwprofile): it sits at the bottom of the import
 graph, so that detection, the registry, settings and the kernel pipeline can all read their
 variables here without importing one another.
 
