@@ -102,7 +102,7 @@ def test_leave_one_model_out_on_a_synthetic_catalog() -> None:
     sm = cm.summary(rows)
     assert sm["shapes"] == 6 and sm["geomean"] == 1.0 and sm["over"] == 0 and sm["models"] == ["a", "b"]
     # a wrong path is counted: with no N = 5120 shape in the fit, the trend (kernel) is taken there
-    held = cm.holdout(OP, [s for s in samples if s[1] != 5120], [cm.Sample(1, 5120, 5000, *times(5120, 5000))], {(1, 5120, 5000): "c"})
+    held = cm.holdout(OP, [s for s in samples if s.n != 5120], [cm.Sample(1, 5120, 5000, *times(5120, 5000))], {(1, 5120, 5000): "c"})
     kt, ft = times(5120, 5000)
     assert len(held) == 1 and held[0].path == "kernel" and held[0].regret == pytest.approx(kt / ft)
     assert cm.summary(held)["over"] == 1

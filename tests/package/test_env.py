@@ -83,9 +83,10 @@ def _own_imports(module: str) -> set[str]:
 
 
 def test_env_is_the_bottom_of_the_graph() -> None:
-    """_env imports only errors, _redact and _storeurl (at run time, in functions included); _storeurl only _redact,
-    errors only _redact, and _redact nothing of hwprofile."""
-    assert _own_imports("_env") == {"errors", "_redact", "_storeurl"}
+    """_env imports only errors, _redact, _storeurl and _record (at run time, in functions included); _storeurl only
+    _redact, errors only _redact, and _redact and _record nothing of hwprofile."""
+    assert _own_imports("_env") == {"errors", "_redact", "_storeurl", "_record"}
+    assert _own_imports("_record") == set()
     assert _own_imports("_storeurl") == {"_redact"}
     assert _own_imports("errors") == {"_redact"}
     assert _own_imports("_redact") == set()
@@ -97,7 +98,7 @@ def test_every_record_is_complete() -> None:
         assert v.doc and v.accepts and v.unset, v
         assert issubclass(v.error, HwprofileError), v
     assert len(NAMES) == len(_env.VARS)
-    with pytest.raises(AttributeError, match="declared once"):
+    with pytest.raises(AttributeError, match=r"Var is frozen: make a changed copy with .replace\(default=...\)"):
         _env.CACHE.default = False  # type: ignore[misc]
 
 

@@ -268,8 +268,9 @@ def test_errors_imports_only_the_redaction() -> None:
 
 def test_env_imports_only_errors() -> None:
     """Every layer reads its control variables from _env, so it sits at the bottom with errors (and the
-    redaction and the store URL's check, which sit below it)."""
-    assert GRAPH["hwprofile._env"] == {"hwprofile.errors", "hwprofile._redact", "hwprofile._storeurl"}
+    redaction, the store URL's check and the record base, which sit below it)."""
+    assert GRAPH["hwprofile._env"] == {"hwprofile.errors", "hwprofile._redact", "hwprofile._storeurl", "hwprofile._record"}
+    assert not GRAPH["hwprofile._record"]  # a leaf: every record of every layer derives from it
     assert GRAPH["hwprofile._storeurl"] == {"hwprofile._redact"}
 
 

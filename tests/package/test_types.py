@@ -30,6 +30,9 @@ s: str = prof.get("router_gemm.max_tokens", int)
 prof.fingerprint = "x"
 len(prof.device)
 prof.get("router_gemm.max_tokens", list)
+from hwprofile.plugin import Launch  # a record's synthesized __init__ is checked at every construction site
+Launch("k<1>", (1, 1, 1), (32, 1, 1), shared_bytes="0")
+Launch("k<1>", (1, 1, 1))
 '''
 
 
@@ -48,4 +51,4 @@ def test_engine_code_type_checks(tmp_path: Path) -> None:
     assert revealed[:3] == ['"int"', '"bool"', '"tuple[int, int]"'], out
     assert all(f"Literal['{k}']" in revealed[3] for k in ("core", "declared", "arch", "downstream", "tuned", "env")), out
     errors = [line for line in out.splitlines() if line.startswith(str(tmp_path / "wrong.py")) and ": error:" in line]
-    assert [int(line.split(":")[1]) for line in errors] == [5, 6, 7, 8], out
+    assert [int(line.split(":")[1]) for line in errors] == [5, 6, 7, 8, 10, 11], out

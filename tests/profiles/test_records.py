@@ -7,17 +7,43 @@ import pickle
 import pytest
 
 import hwprofile
-from hwprofile import ArchSpec, DeviceInfo, EnvDefault, KernelSpec, Launch, PluginInfo, Setting, Value
+from hwprofile import (
+    ArchSpec,
+    DeviceInfo,
+    EnvDefault,
+    KernelSpec,
+    Launch,
+    PluginInfo,
+    Setting,
+    Value,
+    _deps,
+    _env,
+    catalog,
+    costmodel,
+    models,
+)
+from hwprofile._entrypoints import EntryPoint
 from hwprofile._record import Record
-from hwprofile.device import Detection, DriverAttributes
+from hwprofile._verdicts import Outcome
+from hwprofile.device import Detection, DriverAttributes, _Raw
+from hwprofile.distributed._compare import Difference, Holding
+from hwprofile.distributed._summary import Entry
 from hwprofile.errors import SettingError
+from hwprofile.kernels.limits import TABLE as LIMITS
+from hwprofile.kernels.spec import parse_options
+from hwprofile.kernels.toolchain import CompiledKernel, CompileOptions
+from hwprofile.ops._warmup import Planned
 from hwprofile.plugin import ArchTuning, Stamp
 from hwprofile.registry import Selection
+from hwprofile.retune import Finding, Plan
+from hwprofile.selftest import Case
 from hwprofile.settings import Layer, ResolvedEnvDefault, ResolvedSetting
+from hwprofile.tuning import Comparison, Measured
 
 SETTING = Setting("x.y", "int", 1, "doc", minimum=0, maximum=4)
 SAMPLES: list[Record] = [
     DeviceInfo(0, "NVIDIA H200", (9, 0), simulated=True),
+    parse_options(("-I/a", "-include", "/b/pre.h", "-DX=1")),
     DriverAttributes(132, 227 * 1024, 50 << 20),
     Detection((DeviceInfo(0, "NVIDIA H200", (9, 0)),)),
     ArchSpec({(9, 0): "sm_90a"}, "Hopper"),
@@ -33,6 +59,30 @@ SAMPLES: list[Record] = [
     KernelSpec("op", "pkg", "k.cu", ("k<1>",), print),
     Stamp("router_gemm", "NVIDIA H200 sm_90 140 GiB", (9, 0), "sm90", "0.1.0", "ab" * 32, {"function": "f", "torch": "2.11.0"}),
     ArchTuning(sm_count=132, max_shared_bytes=227 * 1024),
+    # the value records that were NamedTuples, frozen dataclasses or slotted classes before issue 42
+    costmodel.Sample(1, 4096, 7168, 2.5, 3.0),
+    costmodel.Prediction(2.0, 3.0, ((1, 4096, 7168),)),
+    costmodel.VariantChoice("split", 1.0, ()),
+    costmodel.Held("m", 1, 4096, 7168, 2.5, 3.0, 2.4, 3.1),
+    costmodel.CostModel("gemv", None, costmodel.PathFit(2.6, ((20, 0.8), (24, 3.2)))),
+    LIMITS[(9, 0)],
+    _deps.DEPENDENCIES["pluggy"],
+    catalog.CATALOG["h200"],
+    EntryPoint("sm90", "hwprofile_sm90.plugin", "hwprofile-sm90", "0.1.0"),
+    Measured(True, 2.0, 3.0, "split"),
+    Comparison(("kernel source changed",)),
+    _Raw(DeviceInfo(0, "NVIDIA H200", (9, 0)), 16896),
+    Plan(0, "NVIDIA H200 sm_90 140 GiB", (Finding("gemv", "changed", ("why",)),), {"gemv": ((1, 4096, 4096),)}, 4.8e12),
+    Case("gemv", (1, 4096, 4096), 0, Launch("k<1>", (1, 1, 1), (32, 1, 1))),
+    Outcome(False, 0.5, "too far"),
+    Planned("gemv", (1, 4096, 4096), 0, "kernel", "below the threshold"),
+    CompileOptions("sm_90a", ("/include",), ("-O3",)),
+    CompiledKernel("ab" * 32, "sm_90a", b"\x7fELF", {"k<1>": "_Z1kILi1EEvv"}),
+    Holding("16", ("hwprofile-sm90",), (0, 1), {"host": (0, 1)}),
+    Difference("gemv.split_k", "job", (Holding("true", ("env",), (0,), {"a": (0,)}),)),
+    Entry("16", "hwprofile-sm90 0.1.0", "job"),
+    models.load()["llama-3.1-8b"],
+    _env.CACHE,
 ]
 
 
@@ -48,7 +98,7 @@ def test_record_is_not_a_tuple(rec: Record) -> None:
 
 @pytest.mark.parametrize("rec", SAMPLES, ids=lambda r: type(r).__name__)
 def test_record_is_a_frozen_value(rec: Record) -> None:
-    field = rec.__slots__[0]
+    field = rec.__record_fields__[0]
     with pytest.raises(AttributeError, match="frozen"):
         setattr(rec, field, None)
     with pytest.raises(AttributeError, match="frozen"):
@@ -56,7 +106,9 @@ def test_record_is_a_frozen_value(rec: Record) -> None:
     copy = rec.replace()
     assert copy == rec and copy is not rec and hash(copy) == hash(rec)
     assert pickle.loads(pickle.dumps(rec)) == rec
-    assert repr(rec).startswith(type(rec).__name__ + "(") and f"{field}=" in repr(rec)
+    if type(rec).__repr__ is Record.__repr__:  # _env.Var keeps its short form: <Var HWPROFILE_CACHE>
+        fields = ", ".join(f"{f}={getattr(rec, f)!r}" for f in rec.__record_fields__)
+        assert repr(rec) == f"{type(rec).__name__}({fields})"
 
 
 def test_replace_changes_one_field_and_rechecks() -> None:

@@ -9,8 +9,9 @@ its install command and goes on with what it can read without it.
 from __future__ import annotations
 
 import importlib.util
-from typing import Final, NamedTuple
+from typing import Final
 
+from ._record import Record, final
 from .errors import MissingDependencyError
 
 
@@ -21,7 +22,8 @@ def cuda_extra() -> str:
     return f"{hwprofile_extra('cu13')} (CUDA 13 driver, 580+) or {hwprofile_extra('cu12')} (CUDA 12 driver)"
 
 
-class Dependency(NamedTuple):
+@final
+class Dependency(Record):
     distribution: str  #: what pip installs
     command: str  #: the command that installs it ("": an extra of hwprofile, :func:`cuda_extra`, composed when asked)
     needed_for: str  #: what stops working without it

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import _state
+from ._record import Record, final
 
 #: The entry-point group of hwprofile plugins (here, not in ``registry``: reading it needs no pluggy).
 ENTRY_POINT_GROUP = "hwprofile.plugins"
@@ -30,7 +31,8 @@ def _normalise(name: str) -> str:
     return _SEPARATORS.sub("-", name).lower()
 
 
-class EntryPoint(NamedTuple):
+@final
+class EntryPoint(Record):
     """One entry point of a group, with the distribution that declares it."""
 
     name: str

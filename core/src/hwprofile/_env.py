@@ -1,7 +1,7 @@
 """Every ``HWPROFILE_*`` control variable the core reads, declared once: name, parser, one line of doc.
 
-Never imports a hwprofile module but :mod:`hwprofile.errors`, :mod:`hwprofile._redact` and
-:mod:`hwprofile._storeurl` (which import nothing else of hwprofile): it sits at the bottom of the import
+Never imports a hwprofile module but :mod:`hwprofile.errors`, :mod:`hwprofile._redact`,
+:mod:`hwprofile._storeurl` and :mod:`hwprofile._record` (which import nothing else of hwprofile): it sits at the bottom of the import
 graph, so that detection, the registry, settings and the kernel pipeline can all read their
 variables here without importing one another.
 
@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Generic, TypeVar, final
+from typing import Any, Final, Generic, TypeVar
 
 from . import _storeurl
+from ._record import Record, _set, final
 from ._redact import redact
 from .errors import DeviceError, HwprofileError, PluginError, SettingError
 
@@ -43,10 +44,8 @@ _OFF = frozenset({"0", "false", "no", "off"})
 
 
 @final
-class Var(Generic[_T]):
+class Var(Record, Generic[_T]):
     """One control variable: its name, its parser, its default (when unset) and what it is for."""
-
-    __slots__ = ("accepts", "default", "doc", "error", "name", "parser", "setting", "shown", "unset")
 
     #: ``"HWPROFILE_CACHE"``.
     name: str
@@ -58,29 +57,19 @@ class Var(Generic[_T]):
     parser: Callable[[str], _T]
     #: The value while the variable is unset.
     default: _T
-    #: What an unset variable means, in words (``"on"``, ``"the real GPUs"``), for the error a refused value raises.
-    unset: str
+    #: What an unset variable means, in words (``"on"``, ``"the real GPUs"``), for the error a refused value raises;
+    #: ``""`` (the default): ``"on"``/``"off"`` for a switch, else ``"none"``.
+    unset: str = ""
     #: The error a refused value raises (a :class:`~hwprofile.errors.HwprofileError` subclass).
-    error: type[HwprofileError]
+    error: type[HwprofileError] = SettingError
     #: The key of the core setting this variable overrides, or ``None`` for a variable that is not a setting.
-    setting: str | None
+    setting: str | None = None
     #: How a value is quoted in messages: the text itself, or with its secret part hidden (:func:`hwprofile._redact.redact`).
-    shown: Callable[[str], str]
+    shown: Callable[[str], str] = str
 
-    def __init__(
-        self, name: str, doc: str, accepts: str, parser: Callable[[str], _T], default: _T, *, unset: str = "",
-        error: type[HwprofileError] = SettingError, setting: str | None = None, shown: Callable[[str], str] = str,
-    ) -> None:
-        fields = {
-            "name": name, "doc": doc, "accepts": accepts, "parser": parser, "default": default, "error": error, "setting": setting,
-            "shown": shown,
-            "unset": unset or (("on" if default else "off") if isinstance(default, bool) else "none"),
-        }
-        for field, value in fields.items():
-            object.__setattr__(self, field, value)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{self.name} is declared once, here: its record is read-only")
+    def __post_init__(self) -> None:
+        if not self.unset:
+            _set(self, "unset", ("on" if self.default else "off") if isinstance(self.default, bool) else "none")
 
     def parse(self, text: str) -> _T:
         """The value of ``text``; a refused value is :attr:`error`, naming the variable and the accepted values."""

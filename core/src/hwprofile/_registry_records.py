@@ -7,7 +7,7 @@ they are made).
 
 from __future__ import annotations
 
-from ._record import Record, _set, final
+from ._record import Record, final
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,16 +19,10 @@ if TYPE_CHECKING:
 class ArchSpec(Record):
     """What an architecture plugin serves: exact compute capability -> NVRTC target."""
 
-    __slots__ = ("targets", "description")
-
     #: ``{(9, 0): "sm_90a"}``: each exact capability served and the NVRTC target its kernels are built for.
     targets: Mapping[tuple[int, int], str]
     #: One line for ``hwprofile plugins``.
-    description: str
-
-    def __init__(self, targets: Mapping[tuple[int, int], str], description: str = "") -> None:
-        _set(self, "targets", targets)
-        _set(self, "description", description)
+    description: str = ""
 
     def target_for(self, capability: tuple[int, int]) -> str | None:
         """The NVRTC target for this exact capability, or ``None`` if not served."""
@@ -43,8 +37,6 @@ class ArchSpec(Record):
 class PluginInfo(Record):
     """Identity of one registered plugin."""
 
-    __slots__ = ("name", "distribution", "version", "module", "arch")
-
     #: The entry-point name (or the name given to :meth:`Registry.register`); a plugin's settings start with it.
     name: str
     #: The distribution that installed it; ``None`` for a plugin registered by hand.
@@ -53,14 +45,7 @@ class PluginInfo(Record):
     #: The module (or the class's module) holding the hook implementations.
     module: str
     #: What it serves, for an architecture plugin; ``None`` for any other plugin.
-    arch: ArchSpec | None
-
-    def __init__(self, name: str, distribution: str | None, version: str | None, module: str, arch: ArchSpec | None = None) -> None:
-        _set(self, "name", name)
-        _set(self, "distribution", distribution)
-        _set(self, "version", version)
-        _set(self, "module", module)
-        _set(self, "arch", arch)
+    arch: ArchSpec | None = None
 
     @property
     def label(self) -> str:
@@ -89,16 +74,9 @@ class PluginInfo(Record):
 class Selection(Record):
     """Which architecture plugin serves a device, its NVRTC target, and why."""
 
-    __slots__ = ("plugin", "target", "reason")
-
     #: ``None`` when no installed architecture plugin serves the device (core defaults apply).
     plugin: PluginInfo | None
     #: The NVRTC target (``"sm_90a"``), ``None`` exactly when ``plugin`` is.
     target: str | None
     #: In words, for ``hwprofile show``: claimed, pinned, or why none.
     reason: str
-
-    def __init__(self, plugin: PluginInfo | None, target: str | None, reason: str) -> None:
-        _set(self, "plugin", plugin)
-        _set(self, "target", target)
-        _set(self, "reason", reason)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _files
 from ._log import get_logger
+from ._record import Record, final
 
 if TYPE_CHECKING:
     from .kernels.spec import Launch
@@ -40,8 +41,8 @@ MAX_REMOTE_BYTES: Final = 16 << 10
 Key = tuple[str, str, tuple[int, int, int]]  #: (op, name expression, (M, N, K))
 
 
-@dataclass(frozen=True)
-class Outcome:
+@final
+class Outcome(Record):
     """What checking one instance gave: passed, the largest relative error (None: nothing compared), the error in words."""
 
     ok: bool

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
 
 from . import _env
+from ._record import Record, final
 from .errors import DeviceError, PluginError
 
 _MIB = 1024 * 1024
 
 
-class CatalogEntry(NamedTuple):
+@final
+class CatalogEntry(Record):
     """Published facts about one GPU model."""
 
     name: str
@@ -109,7 +110,7 @@ def generic(cc: tuple[int, int]) -> CatalogEntry:
     same = [e for e in real if e.compute_capability == cc]
     lower = sorted((e for e in real if e.compute_capability <= cc), key=lambda e: e.compute_capability)
     base = same[0] if same else (lower[-1] if lower else min(real, key=lambda e: e.compute_capability))
-    return base._replace(name=f"Simulated sm_{cc[0]}{cc[1]}", compute_capability=cc)
+    return base.replace(name=f"Simulated sm_{cc[0]}{cc[1]}", compute_capability=cc)
 
 
 def merge_plugin_entries(contributions: Iterable[tuple[str, object]]) -> dict[str, CatalogEntry]:

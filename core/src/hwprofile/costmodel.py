@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, NamedTuple
+from typing import Final
 
 from ._record import Record, _set, final
 from .errors import SettingError
@@ -55,7 +55,8 @@ MODEL_FORMAT: Final = (
 )
 
 
-class Sample(NamedTuple):
+@final
+class Sample(Record):
     """One measured shape: both paths' median times in µs (``kernel_us`` None: the kernel could not run it)."""
 
     m: int
@@ -69,16 +70,14 @@ class Sample(NamedTuple):
 class PathFit(Record):
     """One path's trend: ``launch_us + bytes / bandwidth(bytes)``."""
 
-    __slots__ = ("launch_us", "knots")
-
     #: the per-call floor in µs
     launch_us: float
     #: (log2 bytes, TB/s) knots, sorted, bandwidth non-decreasing; log-log interpolation between, flat outside
     knots: tuple[tuple[int, float], ...]
 
-    def __init__(self, launch_us: float, knots: Iterable[tuple[int, float]]) -> None:
-        _set(self, "launch_us", float(launch_us))
-        _set(self, "knots", tuple((int(b), float(w)) for b, w in knots))
+    def __post_init__(self) -> None:
+        _set(self, "launch_us", float(self.launch_us))
+        _set(self, "knots", tuple((int(b), float(w)) for b, w in self.knots))
 
     def bandwidth(self, nbytes: float) -> float:
         """TB/s at ``nbytes`` (log-log between knots, the end knots' value outside)."""
@@ -101,24 +100,17 @@ class PathFit(Record):
 class CostModel(Record):
     """Both paths' trends of one op, and how the local correction weighs the measured shapes."""
 
-    __slots__ = ("op", "kernel", "fallback", "near", "n_weight", "samples")
-
     op: str  #: the op (its dtypes give the bytes a call moves)
     kernel: PathFit | None  #: None: no kernel sample (the kernel never ran): the kernel is never predicted faster
     fallback: PathFit
-    near: int  #: measured shapes the local correction averages (0: trend only)
-    n_weight: float  #: weight of log N against log M and log K in the distance
-    samples: int  #: how many samples the trends were fitted on (0: a default, not fitted)
+    near: int = NEAR  #: measured shapes the local correction averages (0: trend only)
+    n_weight: float = N_WEIGHT  #: weight of log N against log M and log K in the distance
+    samples: int = 0  #: how many samples the trends were fitted on (0: a default, not fitted)
 
-    def __init__(
-        self, op: str, kernel: PathFit | None, fallback: PathFit, near: int = NEAR, n_weight: float = N_WEIGHT, samples: int = 0
-    ) -> None:
-        _set(self, "op", op)
-        _set(self, "kernel", kernel)
-        _set(self, "fallback", fallback)
-        _set(self, "near", int(near))
-        _set(self, "n_weight", float(n_weight))
-        _set(self, "samples", int(samples))
+    def __post_init__(self) -> None:
+        _set(self, "near", int(self.near))
+        _set(self, "n_weight", float(self.n_weight))
+        _set(self, "samples", int(self.samples))
 
 
 def call_bytes(op: str, m: int, n: int, k: int) -> int:
@@ -183,7 +175,7 @@ def fit_path(op: str, points: Sequence[tuple[int, float]]) -> PathFit:
     # never faster than bytes grow: bandwidth at most doubles per doubling of bytes, so time never falls
     for i in range(1, len(bw)):
         bw[i] = min(bw[i], bw[i - 1] * 2.0 ** (keys[i] - keys[i - 1]))
-    return PathFit(round(launch, 3), [(x, float(f"{w:.4g}")) for x, w in zip(keys, bw, strict=True)])
+    return PathFit(round(launch, 3), tuple((x, float(f"{w:.4g}")) for x, w in zip(keys, bw, strict=True)))
 
 
 def fit(op: str, samples: Sequence[Sample], *, near: int = NEAR, n_weight: float = N_WEIGHT) -> CostModel:
@@ -202,7 +194,8 @@ def fit(op: str, samples: Sequence[Sample], *, near: int = NEAR, n_weight: float
 # --- predicting ----------------------------------------------------------------------------------
 
 
-class Prediction(NamedTuple):
+@final
+class Prediction(Record):
     """Both paths' predicted µs at one shape and what they rest on."""
 
     kernel_us: float  #: math.inf when the model has no kernel trend
@@ -249,7 +242,8 @@ def predict(model: CostModel, measured: Mapping[Shape, tuple[float | None, float
     return Prediction(kernel, corrected(model.fallback, 1), tuple(s for _, s in near))
 
 
-class VariantChoice(NamedTuple):
+@final
+class VariantChoice(Record):
     """The kernel variant predicted fastest at one shape, and what the choice rests on."""
 
     variant: str | None  #: a key of ``tuning.VARIANTS``; None: no measured shape names one (the profile's default)
@@ -269,7 +263,7 @@ def predict_variant(model: CostModel | None, variants: Mapping[Shape, str], m: i
         return VariantChoice(variants[shape], 1.0, (shape,))
     if not variants:
         return VariantChoice(None, 0.0, ())
-    probe = model if model is not None else CostModel("", None, PathFit(0.0, [(0, 1.0)]))
+    probe = model if model is not None else CostModel("", None, PathFit(0.0, ((0, 1.0),)))
     near = sorted(((_distance(probe, shape, s), s) for s in variants), key=lambda x: (x[0], x[1]))[: max(probe.near, 1)]
     votes: dict[str, float] = {}
     for dist, s in near:
@@ -346,7 +340,7 @@ def parse(op: str, text: str, *, where: str) -> CostModel:
         ws = [w for _, w in knots]
         if not all(math.isfinite(w) and w > 0 for w in ws) or ws != sorted(ws):
             raise bad(f"has {what} knots {knots_s!r}: bandwidths must be positive TB/s that never fall")
-        return PathFit(launch, knots)
+        return PathFit(launch, tuple(knots))
 
     try:
         near = int(fields.get("near", str(NEAR)))
@@ -375,7 +369,7 @@ def describe(model: CostModel) -> str:
 def scaled(model: CostModel, factor: float) -> CostModel:
     """``model`` on a part with ``factor`` x the bandwidth (launch unchanged): a default for an unmeasured SKU."""
     def path(p: PathFit | None) -> PathFit | None:
-        return None if p is None else PathFit(p.launch_us, [(b, float(_num(w * factor))) for b, w in p.knots])
+        return None if p is None else PathFit(p.launch_us, tuple((b, float(_num(w * factor))) for b, w in p.knots))
 
     fb = path(model.fallback)
     assert fb is not None
@@ -385,7 +379,8 @@ def scaled(model: CostModel, factor: float) -> CostModel:
 # --- cross-validation ----------------------------------------------------------------------------
 
 
-class Held(NamedTuple):
+@final
+class Held(Record):
     """One held-out shape of one model: measured times, the predicted path and its regret."""
 
     model: str  #: the held-out model (catalog name)

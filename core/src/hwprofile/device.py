@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _env, _state
 from ._log import get_logger
-from ._record import Record, _set, final
+from ._record import Record, final
 from .errors import DeviceError
 
 if TYPE_CHECKING:
@@ -34,19 +34,10 @@ _T = TypeVar("_T")
 class DriverAttributes(Record):
     """Facts read from the CUDA driver (or the catalog, for a simulated device); ``None`` if unknown."""
 
-    __slots__ = ("sm_count", "max_shared_memory_per_block_optin", "l2_cache_bytes")
-
-    sm_count: int | None
+    sm_count: int | None = None
     #: Shared memory one block can opt in to, in bytes.
-    max_shared_memory_per_block_optin: int | None
-    l2_cache_bytes: int | None
-
-    def __init__(
-        self, sm_count: int | None = None, max_shared_memory_per_block_optin: int | None = None, l2_cache_bytes: int | None = None
-    ) -> None:
-        _set(self, "sm_count", sm_count)
-        _set(self, "max_shared_memory_per_block_optin", max_shared_memory_per_block_optin)
-        _set(self, "l2_cache_bytes", l2_cache_bytes)
+    max_shared_memory_per_block_optin: int | None = None
+    l2_cache_bytes: int | None = None
 
 
 @final
@@ -56,12 +47,6 @@ class DeviceInfo(Record):
     Facts NVML did not report (or a simulated device's catalog entry lacks) are ``None``.
     """
 
-    __slots__ = (
-        "index", "name", "compute_capability", "simulated", "uuid", "pci_bus_id", "memory_bytes", "max_sm_clock_mhz",
-        "max_memory_clock_mhz", "memory_bus_width_bits", "driver_version", "cuda_driver_version", "catalog_key",
-        "catalog_attributes",
-    )
-
     #: CUDA's index of the device in this process (after ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
     index: int
     #: NVML's product name, ``"NVIDIA H200"``.
@@ -69,54 +54,22 @@ class DeviceInfo(Record):
     #: Exact ``(major, minor)``; plugins match it exactly, never the major alone.
     compute_capability: tuple[int, int]
     #: ``True`` for a device from ``HWPROFILE_DEVICE`` (no GPU behind it).
-    simulated: bool
-    uuid: str | None
-    pci_bus_id: str | None
-    memory_bytes: int | None
+    simulated: bool = False
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_bytes: int | None = None
     #: Read only when ordering several GPUs needs them, or by :func:`with_details`.
-    max_sm_clock_mhz: int | None
-    max_memory_clock_mhz: int | None
-    memory_bus_width_bits: int | None
-    driver_version: str | None
+    max_sm_clock_mhz: int | None = None
+    max_memory_clock_mhz: int | None = None
+    memory_bus_width_bits: int | None = None
+    driver_version: str | None = None
     #: The CUDA version the driver supports, ``(13, 0)``.
-    cuda_driver_version: tuple[int, int] | None
+    cuda_driver_version: tuple[int, int] | None = None
     #: The catalog entry a simulated device came from.
-    catalog_key: str | None
+    catalog_key: str | None = None
     #: A simulated device's driver attributes, from its catalog entry (what :meth:`attributes` returns
     #: for it); ``None`` for a real GPU, whose attributes are read from the driver.
-    catalog_attributes: DriverAttributes | None
-
-    def __init__(
-        self,
-        index: int,
-        name: str,
-        compute_capability: tuple[int, int],
-        simulated: bool = False,
-        uuid: str | None = None,
-        pci_bus_id: str | None = None,
-        memory_bytes: int | None = None,
-        max_sm_clock_mhz: int | None = None,
-        max_memory_clock_mhz: int | None = None,
-        memory_bus_width_bits: int | None = None,
-        driver_version: str | None = None,
-        cuda_driver_version: tuple[int, int] | None = None,
-        catalog_key: str | None = None,
-        catalog_attributes: DriverAttributes | None = None,
-    ) -> None:
-        _set(self, "index", index)
-        _set(self, "name", name)
-        _set(self, "compute_capability", compute_capability)
-        _set(self, "simulated", simulated)
-        _set(self, "uuid", uuid)
-        _set(self, "pci_bus_id", pci_bus_id)
-        _set(self, "memory_bytes", memory_bytes)
-        _set(self, "max_sm_clock_mhz", max_sm_clock_mhz)
-        _set(self, "max_memory_clock_mhz", max_memory_clock_mhz)
-        _set(self, "memory_bus_width_bits", memory_bus_width_bits)
-        _set(self, "driver_version", driver_version)
-        _set(self, "cuda_driver_version", cuda_driver_version)
-        _set(self, "catalog_key", catalog_key)
-        _set(self, "catalog_attributes", catalog_attributes)
+    catalog_attributes: DriverAttributes | None = None
 
     @property
     def sm(self) -> str:
@@ -153,18 +106,11 @@ class DeviceInfo(Record):
 class Detection(Record):
     """The devices this process sees; when there are none, ``reason`` says why."""
 
-    __slots__ = ("devices", "reason", "simulated")
-
     #: In CUDA's numbering: ``devices[i].index == i``.
     devices: tuple[DeviceInfo, ...]
     #: Why there is no device (NVML missing, no driver, ``CUDA_VISIBLE_DEVICES`` hides all); ``None`` otherwise.
-    reason: str | None
-    simulated: bool
-
-    def __init__(self, devices: tuple[DeviceInfo, ...], reason: str | None = None, simulated: bool = False) -> None:
-        _set(self, "devices", devices)
-        _set(self, "reason", reason)
-        _set(self, "simulated", simulated)
+    reason: str | None = None
+    simulated: bool = False
 
     def device(self, index: int) -> DeviceInfo:
         """Device ``index`` in CUDA numbering, or an error that says what is visible."""
@@ -277,7 +223,8 @@ def _renumber(d: DeviceInfo, index: int) -> DeviceInfo:
 # --- ordering: make device i mean what CUDA device i means ----------------------------------------
 
 
-class _Raw(NamedTuple):
+@final
+class _Raw(Record):
     info: DeviceInfo
     cores: int | None  # CUDA cores, a proxy CUDA's FASTEST_FIRST order can be estimated from
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from ._record import Record, _set, final
+from ._record import Record, final
 from .errors import SettingError
 from .optable import TABLE
 
@@ -45,9 +45,6 @@ _KNOWN = frozenset((*_INT_KEYS, "source", "tp", "fp8", "attention"))
 class Model(Record):
     """One served model's architecture facts (element counts), as its published config gives them."""
 
-    __slots__ = ("attention", "experts", "fp8", "head_dim", "heads", "hidden", "intermediate", "kv_heads", "kv_lora", "name",
-                 "q_lora", "qk_nope_head_dim", "qk_rope_head_dim", "shared", "source", "tp", "v_head_dim", "vocab")
-
     name: str  #: the catalog name (``llama-3.1-8b``)
     source: str  #: the published config the numbers were read from
     hidden: int
@@ -66,12 +63,6 @@ class Model(Record):
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-
-    def __init__(self, name: str, **fields: Any) -> None:
-        _set(self, "name", name)
-        for key in self.__slots__:
-            if key != "name":
-                _set(self, key, fields[key])
 
 
 def _counts(raw: Mapping[str, Any], what: str) -> dict[str, int]:

@@ -237,11 +237,11 @@ def _rule_model(op: OpDef | GateDef, tbps: float) -> str:
 
     bw = round(0.85 * tbps, 3)
     if isinstance(op, GateDef):
-        kernel, fallback = PathFit(_GATE_LAUNCH_US[0], [(10, bw)]), PathFit(_GATE_LAUNCH_US[1], [(10, bw)])
+        kernel, fallback = PathFit(_GATE_LAUNCH_US[0], ((10, bw),)), PathFit(_GATE_LAUNCH_US[1], ((10, bw),))
         return format_model(CostModel(op.name, kernel, fallback, samples=0))
     fp8 = op.scaled
-    kernel = PathFit(3.3 if fp8 else _KERNEL_LAUNCH_US[op.out_dtype], [(10, bw)])
-    fallback = PathFit(9.7 if fp8 else _FALLBACK_LAUNCH_US[op.out_dtype], [(10, round(bw / 3, 3) if fp8 else bw)])
+    kernel = PathFit(3.3 if fp8 else _KERNEL_LAUNCH_US[op.out_dtype], ((10, bw),))
+    fallback = PathFit(9.7 if fp8 else _FALLBACK_LAUNCH_US[op.out_dtype], ((10, round(bw / 3, 3) if fp8 else bw),))
     return format_model(CostModel(op.name, kernel, fallback, samples=0))
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import _state
 from . import device as _device
 from ._log import get_logger
-from ._record import Record, _set, final
+from ._record import Record, final
 from .errors import PluginError, SettingError
 
 if TYPE_CHECKING:  # imported inside functions: a first profile() loads them while NVML starts (_first_profile)
@@ -80,8 +80,6 @@ class Profile(Record):
     own dispatch counters, and ``hwprofile.profile()`` returns the cached one.
     """
 
-    __slots__ = ("device", "selection", "participants", "settings", "env_defaults", "kernels", "fingerprint", "stats")
-
     device: _device.DeviceInfo
     #: The architecture plugin chosen for the device, its NVRTC target, and why.
     selection: Selection
@@ -97,26 +95,6 @@ class Profile(Record):
     fingerprint: str
     #: Kernel-vs-fallback counters of this process; the one mutable part.
     stats: DispatchStats
-
-    def __init__(
-        self,
-        device: _device.DeviceInfo,
-        selection: Selection,
-        participants: tuple[PluginInfo, ...],
-        settings: Mapping[str, ResolvedSetting],
-        env_defaults: Mapping[str, ResolvedEnvDefault],
-        kernels: Mapping[str, KernelSpec],
-        fingerprint: str,
-        stats: DispatchStats,
-    ) -> None:
-        _set(self, "device", device)
-        _set(self, "selection", selection)
-        _set(self, "participants", participants)
-        _set(self, "settings", settings)
-        _set(self, "env_defaults", env_defaults)
-        _set(self, "kernels", kernels)
-        _set(self, "fingerprint", fingerprint)
-        _set(self, "stats", stats)
 
     __eq__ = object.__eq__  # identity, see above
     __hash__ = object.__hash__

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _env
 from ._log import get_logger
+from ._record import Record, final
 from .errors import HwprofileError
 from .optable import TABLE
 
@@ -68,8 +69,8 @@ class TuneError(HwprofileError):
 # --- what is stale ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Finding:
+@final
+class Finding(Record):
     """One op on one device: whether its measured values hold, and why not."""
 
     op: str
@@ -85,8 +86,8 @@ class Finding:
         return self.status in ("changed", "unmeasured", "forced")
 
 
-@dataclass(frozen=True)
-class Plan:
+@final
+class Plan(Record):
     """What :func:`tune` would measure on one device: a finding per op, the grid of each op to measure."""
 
     index: int

@@ -346,7 +346,7 @@ def _nearest(catalog: Any, cc: tuple[int, int]) -> tuple[str, Any]:
     """The built-in GPU a generic device of capability ``cc`` borrows its numbers from."""
     entry = catalog.generic(cc)
     for key, e in catalog.CATALOG.items():
-        if not e.name.startswith("Simulated ") and e._replace(name=entry.name, compute_capability=cc) == entry:
+        if not e.name.startswith("Simulated ") and e.replace(name=entry.name, compute_capability=cc) == entry:
             return key, e
     return "generic", entry
 

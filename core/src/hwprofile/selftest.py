@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _verdicts
 from ._log import get_logger
+from ._record import Record, final
 from .errors import HwprofileError
 from .optable import OPS, TENSOR_SCALE
 
@@ -43,8 +44,8 @@ read = _verdicts.read
 write = _verdicts.write
 
 
-@dataclass(frozen=True)
-class Case:
+@final
+class Case(Record):
     """One kernel instance to check: the op, the shape that routes to it, the scale mode, its plan."""
 
     op: str

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from . import _env, _state
-from ._record import Record, _set, final
+from ._record import Record, final
 from .errors import SettingError
 
 if TYPE_CHECKING:
@@ -43,8 +43,6 @@ class Setting(Record):
     Constructing one checks it: an invalid key, type or default is a :class:`SettingError`.
     """
 
-    __slots__ = ("key", "type", "default", "doc", "bit_identical", "minimum", "maximum", "choices")
-
     #: Lower-case dotted name, ``"router_gemm.max_tokens"``; a plugin's keys start with its name.
     key: str
     #: The value's type; ``"enum"`` takes one of :attr:`choices`.
@@ -54,32 +52,22 @@ class Setting(Record):
     #: One line for ``hwprofile explain``: what the setting decides.
     doc: str
     #: ``False`` when changing the value changes results bit for bit (e.g. summation order).
-    bit_identical: bool
+    bit_identical: bool = True
     #: Inclusive bounds of an ``"int"`` or ``"float"``; ``None`` is unbounded.
-    minimum: float | None
-    maximum: float | None
+    minimum: float | None = None
+    maximum: float | None = None
     #: The values of an ``"enum"``.
-    choices: tuple[str, ...] | None
+    choices: tuple[str, ...] | None = None
 
-    def __init__(
-        self, key: str, type: SettingType, default: Any, doc: str, bit_identical: bool = True,
-        minimum: float | None = None, maximum: float | None = None, choices: tuple[str, ...] | None = None,
-    ) -> None:
+    def __post_init__(self) -> None:
+        key, type = self.key, self.type
         if not isinstance(key, str) or not _KEY_RE.match(key):
             raise SettingError(f"setting key {key!r} is invalid: use lower-case dotted names like 'router_gemm.max_tokens'")
         if type not in _TYPES:
             raise SettingError(f"setting {key}: type {type!r} is not one of {', '.join(_TYPES)}")
-        if type == "enum" and not choices:
+        if type == "enum" and not self.choices:
             raise SettingError(f"setting {key}: an enum needs choices")
-        _set(self, "key", key)
-        _set(self, "type", type)
-        _set(self, "default", default)
-        _set(self, "doc", doc)
-        _set(self, "bit_identical", bit_identical)
-        _set(self, "minimum", minimum)
-        _set(self, "maximum", maximum)
-        _set(self, "choices", choices)
-        self.check(default, origin="its declared default")
+        self.check(self.default, origin="its declared default")
 
     @property
     def env_var(self) -> str:
@@ -159,38 +147,24 @@ class Value(Record):
     profile compares it with what is running and reports the value as stale when that changed.
     """
 
-    __slots__ = ("value", "reason", "stamp")
-
     #: The value itself, checked against the setting's declaration when the layer is added.
     value: Any
     #: Why this value (for a threshold: what it was measured against); shown by ``hwprofile explain``.
-    reason: str
+    reason: str = ""
     #: What a measured value was measured against (a ``Stamp``), or ``None``.
-    stamp: Stamp | None
-
-    def __init__(self, value: Any, reason: str = "", stamp: Stamp | None = None) -> None:
-        _set(self, "value", value)
-        _set(self, "reason", reason)
-        _set(self, "stamp", stamp)
+    stamp: Stamp | None = None
 
 
 @final
 class EnvDefault(Record):
     """An environment-variable default a plugin proposes, with the architecture reason for it."""
 
-    __slots__ = ("value", "reason", "bit_identical")
-
     #: The text to write when the user has not set the variable.
     value: str
     #: Why this architecture wants it.
     reason: str
     #: ``False`` when the variable changes results bit for bit.
-    bit_identical: bool
-
-    def __init__(self, value: str, reason: str, bit_identical: bool = True) -> None:
-        _set(self, "value", value)
-        _set(self, "reason", reason)
-        _set(self, "bit_identical", bit_identical)
+    bit_identical: bool = True
 
 
 @final
@@ -201,31 +175,18 @@ class Layer(Record):
     (a stale tuned value) stays in the chain for ``explain`` but does not win.
     """
 
-    __slots__ = ("kind", "source", "value", "reason", "stamp", "stale", "applied")
-
     #: Which layer: ``core`` / ``declared`` (a declaration's default), ``arch``, ``downstream``, ``tuned``, ``env``.
     kind: LayerKind
     #: Who supplied it: ``"hwprofile-sm90 0.1.0"``, ``"tuned file <path>"``, ``"environment HWPROFILE_X"``.
     source: str
     value: Any
-    reason: str
+    reason: str = ""
     #: What the value was measured against, or ``None``.
-    stamp: Stamp | None
+    stamp: Stamp | None = None
     #: What changed since it was measured, in words; ``""`` when nothing did (or it was not measured).
-    stale: str
+    stale: str = ""
     #: ``False`` for a recorded value that does not win (a stale tuned value).
-    applied: bool
-
-    def __init__(
-        self, kind: LayerKind, source: str, value: Any, reason: str = "", stamp: Stamp | None = None, stale: str = "", applied: bool = True
-    ) -> None:
-        _set(self, "kind", kind)
-        _set(self, "source", source)
-        _set(self, "value", value)
-        _set(self, "reason", reason)
-        _set(self, "stamp", stamp)
-        _set(self, "stale", stale)
-        _set(self, "applied", applied)
+    applied: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -243,15 +204,9 @@ class Layer(Record):
 class ResolvedSetting(Record):
     """A setting's final value and the whole chain of layers that produced it (winner last)."""
 
-    __slots__ = ("setting", "chain")
-
     setting: Setting
     #: Every layer, lowest first; at least the declaration's default, which is always applied.
     chain: tuple[Layer, ...]
-
-    def __init__(self, setting: Setting, chain: tuple[Layer, ...]) -> None:
-        _set(self, "setting", setting)
-        _set(self, "chain", chain)
 
     @property
     def value(self) -> Any:
@@ -282,8 +237,6 @@ class ResolvedSetting(Record):
 class ResolvedEnvDefault(Record):
     """An env default after layering, and whether the user already set the variable."""
 
-    __slots__ = ("name", "value", "reason", "bit_identical", "source", "user_value")
-
     name: str
     value: str
     reason: str
@@ -291,15 +244,7 @@ class ResolvedEnvDefault(Record):
     #: The plugin that proposed it (``"hwprofile-sm90 0.1.0"``).
     source: str
     #: The variable's value when the profile was resolved, ``None`` if unset.
-    user_value: str | None
-
-    def __init__(self, name: str, value: str, reason: str, bit_identical: bool, source: str, user_value: str | None = None) -> None:
-        _set(self, "name", name)
-        _set(self, "value", value)
-        _set(self, "reason", reason)
-        _set(self, "bit_identical", bit_identical)
-        _set(self, "source", source)
-        _set(self, "user_value", user_value)
+    user_value: str | None = None
 
     @property
     def user_set(self) -> bool:

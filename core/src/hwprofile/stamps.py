@@ -48,8 +48,6 @@ def fallback_identity(op: str) -> dict[str, str]:
 class Stamp(Record):
     """What a threshold was measured against: where, with which plugin and kernel, against which fallback."""
 
-    __slots__ = ("op", "device", "compute_capability", "plugin", "plugin_version", "kernel", "fallback", "date", "plan", "shapes")
-
     #: The op whose threshold this is (an op-table name).
     op: str
     #: The measured device, as :func:`device_identity` writes it.
@@ -62,41 +60,21 @@ class Stamp(Record):
     #: Source digest of the op's kernel (plugin source + hwprofile headers).
     kernel: str
     #: The fallback measured against: its function identity and library versions (read-only).
-    fallback: Mapping[str, str]
+    fallback: Mapping[str, str] = MappingProxyType({})
     #: When it was measured (ISO date), or "".
-    date: str
+    date: str = ""
     #: Digest of the launches the plugin planned for the op's sweep grid (:func:`plan_digest`), or ""
     #: when the sweep did not record one: a threshold holds for a launch plan (tile, grid, PDL) as
     #: much as for a kernel source, and a plan can change while the source stays the same.
-    plan: str
+    plan: str = ""
     #: The measured shapes outside the op's sweep grid that :attr:`plan` also covers (a per-shape
     #: table's shapes, :func:`parse_measured`), sorted: the plan is recomputed over the same shapes.
-    shapes: tuple[Shape, ...]
+    shapes: tuple[Shape, ...] = ()
 
-    def __init__(
-        self,
-        op: str,
-        device: str,
-        compute_capability: tuple[int, int],
-        plugin: str,
-        plugin_version: str,
-        kernel: str,
-        fallback: Mapping[str, str] = MappingProxyType({}),
-        date: str = "",
-        *,
-        plan: str = "",
-        shapes: Iterable[Shape] = (),
-    ) -> None:
-        _set(self, "op", op)
-        _set(self, "device", device)
-        _set(self, "compute_capability", tuple(compute_capability))
-        _set(self, "plugin", plugin)
-        _set(self, "plugin_version", plugin_version)
-        _set(self, "kernel", kernel)
-        _set(self, "fallback", MappingProxyType(dict(fallback)))
-        _set(self, "date", date)
-        _set(self, "plan", plan)
-        _set(self, "shapes", tuple(sorted({(int(m), int(n), int(k)) for m, n, k in shapes})))
+    def __post_init__(self) -> None:
+        _set(self, "compute_capability", tuple(self.compute_capability))
+        _set(self, "fallback", MappingProxyType(dict(self.fallback)))
+        _set(self, "shapes", tuple(sorted({(int(m), int(n), int(k)) for m, n, k in self.shapes})))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -125,7 +103,7 @@ class Stamp(Record):
                 fallback={str(k): str(v) for k, v in dict(d.get("fallback", {})).items()},
                 date=str(d.get("date", "")),
                 plan=str(d.get("plan", "")),
-                shapes=[_shape(str(s)) for s in d.get("shapes", [])],
+                shapes=tuple(_shape(str(s)) for s in d.get("shapes", [])),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise SettingError(
@@ -140,7 +118,7 @@ def current(
     """The stamp that a sweep run now, here, would write."""
     return Stamp(
         op, device_identity(device), device.compute_capability, plugin, plugin_version, kernel, fallback_identity(op), date, plan=plan,
-        shapes=shapes,
+        shapes=tuple(shapes),
     )
 
 

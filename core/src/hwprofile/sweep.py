@@ -441,7 +441,7 @@ def _routable(prof: Any, op: str, table: dict[tuple[int, int, int], Any], spec: 
         r = _route_for(prof, op, {measured_key(op): ""})
         bad.update({s: why for s, why in _dispatch.untakeable(r, {s: d for s, d in wins.items() if s not in bad}, spec).items()})
     for s in bad:
-        table[s] = table[s]._replace(kernel=False)
+        table[s] = table[s].replace(kernel=False)
     return [
         f"kernel faster at {shape_text(s)} but dispatch cannot route it there ({why}): fallback recorded" for s, why in sorted(bad.items())
     ]

@@ -42,10 +42,11 @@ import math
 from collections.abc import Callable, Container, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from . import _env, _state
 from ._log import get_logger
+from ._record import Record, final
 from .errors import SettingError
 from .optable import TABLE, GateDef
 from .stamps import Shape as Shape  # stamps live in a leaf (settings types them); tuning's face keeps their names
@@ -190,7 +191,8 @@ MEASURED_FORMAT = (
 VARIANTS: Final = {"split": True, "nosplit": False}
 
 
-class Measured(NamedTuple):
+@final
+class Measured(Record):
     """One measured shape: the path the sweep chose and both times (µs per call; ``None``: the kernel could not run it)."""
 
     kernel: bool  #: True: the kernel is taken at this shape
@@ -362,7 +364,8 @@ def _forget_parsed() -> None:
 # --- comparing a stamp with what runs now --------------------------------------------------------
 
 
-class Comparison(NamedTuple):
+@final
+class Comparison(Record):
     """What differs between a stamp and the running system, sorted by what it means (module doc)."""
 
     stale: tuple[str, ...] = ()

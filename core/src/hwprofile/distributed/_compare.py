@@ -25,8 +25,6 @@ _ABSENT: Final = "(absent)"
 class Holding(Record):
     """One value of a differing key, with its provenance and the ranks (and hosts) that hold it."""
 
-    __slots__ = ("value", "sources", "ranks", "hosts")
-
     value: str
     #: Distinct provenance texts among those ranks.
     sources: tuple[str, ...]
@@ -34,28 +32,23 @@ class Holding(Record):
     #: Host -> its ranks holding this value.
     hosts: Mapping[str, tuple[int, ...]]
 
-    def __init__(self, value: str, sources: tuple[str, ...], ranks: tuple[int, ...], hosts: Mapping[str, tuple[int, ...]]) -> None:
-        _set(self, "value", value)
-        _set(self, "sources", tuple(sources))
-        _set(self, "ranks", tuple(ranks))
-        _set(self, "hosts", MappingProxyType(dict(hosts)))
+    def __post_init__(self) -> None:
+        _set(self, "sources", tuple(self.sources))
+        _set(self, "ranks", tuple(self.ranks))
+        _set(self, "hosts", MappingProxyType(dict(self.hosts)))
 
 
 @final
 class Difference(Record):
     """A key whose value differs between ranks that must agree on it."""
 
-    __slots__ = ("key", "scope", "holdings")
-
     key: str
     scope: str
     #: One per value, most-held first.
     holdings: tuple[Holding, ...]
 
-    def __init__(self, key: str, scope: str, holdings: tuple[Holding, ...]) -> None:
-        _set(self, "key", key)
-        _set(self, "scope", scope)
-        _set(self, "holdings", tuple(holdings))
+    def __post_init__(self) -> None:
+        _set(self, "holdings", tuple(self.holdings))
 
     def values(self) -> dict[str, tuple[int, ...]]:
         """value -> ranks holding it."""
@@ -65,8 +58,6 @@ class Difference(Record):
 @final
 class Agreement(Record):
     """Every rank of the group resolved the same profile (up to GPU models, with ``mixed="allow"``)."""
-
-    __slots__ = ("ranks", "models", "mixed", "gathered", "seconds")
 
     #: One summary per rank of the group, in group order.
     ranks: tuple[RankSummary, ...]
@@ -79,14 +70,9 @@ class Agreement(Record):
     #: Wall time of the check on this rank.
     seconds: float
 
-    def __init__(
-        self, ranks: tuple[RankSummary, ...], models: Mapping[tuple[str, str], tuple[int, ...]], mixed: str, gathered: bool, seconds: float,
-    ) -> None:
-        _set(self, "ranks", tuple(ranks))
-        _set(self, "models", MappingProxyType(dict(models)))
-        _set(self, "mixed", mixed)
-        _set(self, "gathered", gathered)
-        _set(self, "seconds", seconds)
+    def __post_init__(self) -> None:
+        _set(self, "ranks", tuple(self.ranks))
+        _set(self, "models", MappingProxyType(dict(self.models)))
 
     @property
     def digest(self) -> str:

@@ -44,19 +44,12 @@ _JOB_SETTINGS: Final = ("deterministic", "strict")  # modes the user picks for t
 class Entry(Record):
     """One compared key of one rank: its value as text, where it came from, and how widely it must agree."""
 
-    __slots__ = ("value", "source", "scope")
-
     #: Canonical text of the value (booleans and strings as JSON writes them); the only part compared.
     value: str
     #: Provenance: the layer and plugin, env var or file that decided it. Shown, never compared.
     source: str
     #: One of ``_SCOPES``: how widely the key must agree.
     scope: str
-
-    def __init__(self, value: str, source: str, scope: str) -> None:
-        _set(self, "value", value)
-        _set(self, "source", source)
-        _set(self, "scope", scope)
 
 
 @final
@@ -66,11 +59,6 @@ class RankSummary(Record):
     Sent between ranks as plain data (:meth:`to_wire`), so ranks running different hwprofile
     versions can still read each other's summaries, and the difference shows as a key.
     """
-
-    __slots__ = (
-        "rank", "host", "local_rank", "device_index", "device_name", "device_sm", "plugin", "target", "fingerprint", "digest", "entries",
-        "disabled",
-    )
 
     #: Global rank.
     rank: int
@@ -92,28 +80,15 @@ class RankSummary(Record):
     #: Every compared key.
     entries: Mapping[str, Entry]
     #: ``HWPROFILE_DISABLE_PLUGINS`` on that rank: explains an absent plugin.
-    disabled: tuple[str, ...]
+    disabled: tuple[str, ...] = ()
 
-    def __init__(
-        self, *, rank: int, host: str, local_rank: int | None, device_index: int, device_name: str, device_sm: str, plugin: str,
-        target: str, fingerprint: str, digest: str, entries: Mapping[str, Entry], disabled: tuple[str, ...] = (),
-    ) -> None:
-        _set(self, "rank", rank)
-        _set(self, "host", host)
-        _set(self, "local_rank", local_rank)
-        _set(self, "device_index", device_index)
-        _set(self, "device_name", device_name)
-        _set(self, "device_sm", device_sm)
-        _set(self, "plugin", plugin)
-        _set(self, "target", target)
-        _set(self, "fingerprint", fingerprint)
-        _set(self, "digest", digest)
-        _set(self, "entries", MappingProxyType(dict(entries)))
-        _set(self, "disabled", tuple(disabled))
+    def __post_init__(self) -> None:
+        _set(self, "entries", MappingProxyType(dict(self.entries)))
+        _set(self, "disabled", tuple(self.disabled))
 
     def to_wire(self) -> dict[str, Any]:
         """Plain data (str, int, None, tuples, dicts) to gather from every rank."""
-        out: dict[str, Any] = {s: getattr(self, s) for s in self.__slots__ if s != "entries"}
+        out: dict[str, Any] = {s: getattr(self, s) for s in self.__record_fields__ if s != "entries"}
         out["entries"] = {k: (e.value, e.source, e.scope) for k, e in self.entries.items()}
         return out
 

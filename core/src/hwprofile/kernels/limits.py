@@ -19,12 +19,15 @@ as the dynamic shared memory its plan asks for: :func:`check` adds it, read from
 from __future__ import annotations
 
 import re
-from typing import Final, NamedTuple
+from typing import Final
+
+from .._record import Record, final
 
 _KIB: Final = 1024
 
 
-class Limits(NamedTuple):
+@final
+class Limits(Record):
     """One compute capability's published per-block and per-SM limits."""
 
     compute_capability: tuple[int, int]

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import optable
-from .._record import Record, _set, final
+from .._record import Record, final
 from ..optable import NO_SCALE
 from .spec import KernelSpec, Launch
 
@@ -39,79 +39,39 @@ Shape = tuple[int, int, int]  # (M, N, K)
 class ArchTuning(Record):
     """Per-SM constants the launch plan depends on (defaults measured on the H200, see benchmarks/)."""
 
-    __slots__ = (
-        "sm_count", "max_shared_bytes", "max_cluster", "prefix", "mma_warps", "mma_nt", "mma_unroll",
-        "mma_blocks_per_sm", "simt_warps", "simt_rows", "simt_unroll", "fp8_unroll", "simt_split_below",
-        "simt_x_whole_max", "simt_x_chunk",
-    )
-
     #: Multiprocessors on the SM generation's reference card.
     sm_count: int
     #: Opt-in shared memory per block, bytes.
     max_shared_bytes: int
     #: Largest portable thread-block cluster.
-    max_cluster: int
+    max_cluster: int = 8
     #: Entry points ``<prefix>_skinny_mma`` / ``<prefix>_gemv_simt`` in the plugin's source.
-    prefix: str
+    prefix: str = "hwp"
     #: Tensor-core kernel (fp32 out, M <= 16): warps per block, each one n8 tile ...
-    mma_warps: int
+    mma_warps: int = 8
     #: ... n8 tiles per warp ...
-    mma_nt: int
+    mma_nt: int = 1
     #: ... and K chunks per batch.
-    mma_unroll: int
+    mma_unroll: int = 4
     #: Split K over a cluster until the grid has this many blocks per SM.
-    mma_blocks_per_sm: float
+    mma_blocks_per_sm: float = 1.4
     #: SIMT kernel (M = 1): warps per block ...
-    simt_warps: int
+    simt_warps: int = 4
     #: ... rows per warp ...
-    simt_rows: int
+    simt_rows: int = 2
     #: ... 16-byte vectors per row per batch (bf16) ...
-    simt_unroll: int
+    simt_unroll: int = 4
     #: ... and for FP8.
-    fp8_unroll: int
+    fp8_unroll: int = 2
     #: Split K in 2 when the grid has fewer blocks per SM than this.
-    simt_split_below: float
+    simt_split_below: float = 3.0
     #: Stage a block's whole x slice in shared memory up to this many bytes (K = 16384 bf16 at the
     #: default: every shape the H200 sweeps measured) ...
-    simt_x_whole_max: int
+    simt_x_whole_max: int = 32 * 1024
     #: ... and past it stream x through two buffers of this many bytes together (per token), one
     #: filled by cp.async while the other is read: at 64 KB of x per block (K = 32768) only 3
     #: blocks of 4 warps would fit on an SM.
-    simt_x_chunk: int
-
-    def __init__(
-        self,
-        sm_count: int,
-        max_shared_bytes: int,
-        max_cluster: int = 8,
-        prefix: str = "hwp",
-        mma_warps: int = 8,
-        mma_nt: int = 1,
-        mma_unroll: int = 4,
-        mma_blocks_per_sm: float = 1.4,
-        simt_warps: int = 4,
-        simt_rows: int = 2,
-        simt_unroll: int = 4,
-        fp8_unroll: int = 2,
-        simt_split_below: float = 3.0,
-        simt_x_whole_max: int = 32 * 1024,
-        simt_x_chunk: int = 16 * 1024,
-    ) -> None:
-        _set(self, "sm_count", sm_count)
-        _set(self, "max_shared_bytes", max_shared_bytes)
-        _set(self, "max_cluster", max_cluster)
-        _set(self, "prefix", prefix)
-        _set(self, "mma_warps", mma_warps)
-        _set(self, "mma_nt", mma_nt)
-        _set(self, "mma_unroll", mma_unroll)
-        _set(self, "mma_blocks_per_sm", mma_blocks_per_sm)
-        _set(self, "simt_warps", simt_warps)
-        _set(self, "simt_rows", simt_rows)
-        _set(self, "simt_unroll", simt_unroll)
-        _set(self, "fp8_unroll", fp8_unroll)
-        _set(self, "simt_split_below", simt_split_below)
-        _set(self, "simt_x_whole_max", simt_x_whole_max)
-        _set(self, "simt_x_chunk", simt_x_chunk)
+    simt_x_chunk: int = 16 * 1024
 
 
 #: Largest K and N any plan takes: the settings' own upper bound on K (so no in-bounds K is refused

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _state
-from .._record import Record, _set, final
+from .._record import Record, final
 from ..errors import PluginError
 
 if TYPE_CHECKING:  # what collect_kernels reads of the registry, as protocols: no import of it, so no circle
@@ -59,26 +59,16 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 class Launch(Record):
     """How to launch one kernel instance: its template name expression, grid, block, dynamic smem, PDL."""
 
-    __slots__ = ("name_expression", "grid", "block", "shared_bytes", "pdl")
-
     #: The instance, as NVRTC names it: ``"hwp90_gemv_simt<false, __nv_bfloat16, 1, 4, 2, 1, 4, 0>"``.
     name_expression: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     #: Dynamic shared memory per block, in bytes; above 48 KiB the launcher opts in first.
-    shared_bytes: int
+    shared_bytes: int = 0
     #: Launch with programmatic stream serialization (programmatic dependent launch): the kernel may
     #: start while its predecessor on the stream finishes. Only for kernels that execute
     #: ``griddepcontrol.wait`` before touching anything a predecessor may write.
-    pdl: bool
-
-    def __init__(self, name_expression: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int = 0,
-                 pdl: bool = False) -> None:
-        _set(self, "name_expression", name_expression)
-        _set(self, "grid", grid)
-        _set(self, "block", block)
-        _set(self, "shared_bytes", shared_bytes)
-        _set(self, "pdl", pdl)
+    pdl: bool = False
 
 
 @final
@@ -91,8 +81,6 @@ class KernelSpec(Record):
     ``instances`` is compiled on its first use, and cached the same way).
     """
 
-    __slots__ = ("op", "package", "source", "instances", "configure", "options", "doc", "plugin", "distribution_version")
-
     #: The op it implements (``"router_gemm"``); a higher-priority plugin's spec replaces a lower one's.
     op: str
     #: The importable package that ships the source as package data.
@@ -103,25 +91,11 @@ class KernelSpec(Record):
     #: ``configure(**shape) -> Launch``; pure, so launch plans are tested on the CPU.
     configure: Callable[..., Launch]
     #: Extra NVRTC options (part of the cache key).
-    options: tuple[str, ...]
-    doc: str
+    options: tuple[str, ...] = ()
+    doc: str = ""
     #: Filled in by hwprofile when it collects the spec: the plugin's name and ``"<distribution> <version>"``.
-    plugin: str
-    distribution_version: str
-
-    def __init__(
-        self, op: str, package: str, source: str, instances: tuple[str, ...], configure: Callable[..., Launch],
-        options: tuple[str, ...] = (), doc: str = "", plugin: str = "", distribution_version: str = "",
-    ) -> None:
-        _set(self, "op", op)
-        _set(self, "package", package)
-        _set(self, "source", source)
-        _set(self, "instances", instances)
-        _set(self, "configure", configure)
-        _set(self, "options", options)
-        _set(self, "doc", doc)
-        _set(self, "plugin", plugin)
-        _set(self, "distribution_version", distribution_version)
+    plugin: str = ""
+    distribution_version: str = ""
 
     def source_path(self) -> Path:
         """Filesystem path of the source; an error says which package data is missing."""
@@ -217,8 +191,6 @@ class NvrtcOptions(Record):
     option strings and none can disagree about which directory an option names.
     """
 
-    __slots__ = ("argv", "include_dirs", "pre_includes", "portable")
-
     #: The options as given, in order: what NVRTC gets after the fixed flags and hwprofile's include directories.
     argv: tuple[str, ...]
     #: The value of every ``-I DIR`` / ``-IDIR`` / ``--include-path[=]DIR``, in NVRTC's search order.
@@ -228,13 +200,6 @@ class NvrtcOptions(Record):
     #: ``argv`` with each include directory a numbered placeholder and each forced header by its file name: the
     #: cache key's and the rank digest's form (the headers themselves are digested by content).
     portable: tuple[str, ...]
-
-    def __init__(self, argv: tuple[str, ...], include_dirs: tuple[str, ...], pre_includes: tuple[str, ...],
-                 portable: tuple[str, ...]) -> None:
-        _set(self, "argv", argv)
-        _set(self, "include_dirs", include_dirs)
-        _set(self, "pre_includes", pre_includes)
-        _set(self, "portable", portable)
 
 
 _INCLUDE_DIR = ("-I", "--include-path")

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from .. import _deps, _state
+from .._record import Record, final
 from ..errors import KernelCompileError, ToolchainError
 from .spec import NO_OPTIONS, OWN_INCLUDE, NvrtcOptions
 
@@ -155,8 +155,8 @@ def check_target(target: str) -> None:
         raise ToolchainError(f"NVRTC {v[0]}.{v[1]} cannot compile for {target} ({hint}); upgrade with {upgrade}")
 
 
-@dataclass(frozen=True)
-class CompileOptions:
+@final
+class CompileOptions(Record):
     """Everything but the source and the name expressions that decides what one NVRTC call produces.
 
     ``extra`` are a :class:`~hwprofile.KernelSpec`'s own options, parsed (``spec.nvrtc_options``), passed after
@@ -187,8 +187,8 @@ class CompileOptions:
         return {"target": self.target, "flags": [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *fixed, *self.extra.portable]}
 
 
-@dataclass(frozen=True)
-class CompiledKernel:
+@final
+class CompiledKernel(Record):
     """A cubin and the mangled names of its instances, plus what the compile reported."""
 
     key: str

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _env
 from .._log import get_logger
+from .._record import Record, final
 from ..errors import HwprofileError
 from ..optable import GATES, NO_SCALE, OPS, ROW_SCALE, TABLE, TENSOR_SCALE
 
@@ -42,8 +43,8 @@ Shape = tuple[int, int, int]
 MAX_WARM_WEIGHT = 1 << 27
 
 
-@dataclass(frozen=True)
-class Planned:
+@final
+class Planned(Record):
     """One (op, shape, scale mode) and the path routing gives it; ``launch`` is the kernel's plan, or None for the fallback."""
 
     op: str
