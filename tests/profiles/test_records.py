@@ -76,7 +76,7 @@ SAMPLES: list[Record] = [
     Case("gemv", (1, 4096, 4096), 0, Launch("k<1>", (1, 1, 1), (32, 1, 1))),
     Outcome(False, 0.5, "too far"),
     Planned("gemv", (1, 4096, 4096), 0, "kernel", "below the threshold"),
-    CompileOptions("sm_90a", ("/include",), ("-O3",)),
+    CompileOptions("sm_90a", ("/include",), parse_options(("-O3",))),
     CompiledKernel("ab" * 32, "sm_90a", b"\x7fELF", {"k<1>": "_Z1kILi1EEvv"}),
     Holding("16", ("hwprofile-sm90",), (0, 1), {"host": (0, 1)}),
     Difference("gemv.split_k", "job", (Holding("true", ("env",), (0,), {"a": (0,)}),)),
