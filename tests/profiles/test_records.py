@@ -33,6 +33,7 @@ from hwprofile.kernels.limits import TABLE as LIMITS
 from hwprofile.kernels.spec import parse_options
 from hwprofile.kernels.toolchain import CompiledKernel, CompileOptions
 from hwprofile.ops._warmup import Planned
+from hwprofile.optable import Router
 from hwprofile.plugin import ArchTuning, Stamp
 from hwprofile.registry import Selection
 from hwprofile.retune import Finding, Plan
@@ -44,6 +45,7 @@ SETTING = Setting("x.y", "int", 1, "doc", minimum=0, maximum=4)
 SAMPLES: list[Record] = [
     DeviceInfo(0, "NVIDIA H200", (9, 0), simulated=True),
     parse_options(("-I/a", "-include", "/b/pre.h", "-DX=1")),
+    Router("deepseek-v3", 256, 7168, top_k=8, n_group=8, topk_group=4, scaling=2.5),
     DriverAttributes(132, 227 * 1024, 50 << 20),
     Detection((DeviceInfo(0, "NVIDIA H200", (9, 0)),)),
     ArchSpec({(9, 0): "sm_90a"}, "Hopper"),

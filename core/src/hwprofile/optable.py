@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Final, final
 
+from ._record import Record
+
 # fp8_gemv scale modes (the kernels' ``SCALE`` template argument): none, one per tensor, one per row
 NO_SCALE: Final = 0
 TENSOR_SCALE: Final = 1
@@ -402,15 +404,18 @@ GATE_KIND: Final = "gate"  #: GateDef: router GEMM + expert selection -> ``(ids,
 
 
 @final
-class Router:
+class Router(Record):
     """One served router's selection settings: what a gate sweep and benchmark time at its (N, K)."""
 
-    __slots__ = ("k", "n", "n_group", "name", "renormalize", "scaling", "scoring", "top_k", "topk_group")
-
-    def __init__(self, name: str, n: int, k: int, *, top_k: int, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
-                 scaling: float = 1.0, scoring: str = "sigmoid") -> None:
-        self.name, self.n, self.k, self.top_k, self.n_group, self.topk_group = name, n, k, top_k, n_group, topk_group
-        self.renormalize, self.scaling, self.scoring = renormalize, scaling, scoring
+    name: str
+    n: int
+    k: int
+    top_k: int
+    n_group: int = 1
+    topk_group: int = 1
+    renormalize: bool = True
+    scaling: float = 1.0
+    scoring: str = "sigmoid"
 
     def __repr__(self) -> str:
         return f"Router({self.name!r}, N={self.n}, K={self.k})"
