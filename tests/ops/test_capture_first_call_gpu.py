@@ -92,10 +92,10 @@ def test_fp8_fallbacks_first_large_call_in_capture_records_the_split_path_after_
     records torch._scaled_mm (what eager runs), not the dequantising path, and the replay equals the eager result."""
     out = run("""
         from hwprofile.ops import _fallbacks
-        x = torch.randn(2, 4096, device=dev).bfloat16()  # M = 2: fp8_gemv's fallback (its kernel takes M = 1)
+        x = torch.randn(32, 4096, device=dev).bfloat16()  # M = 32: fp8_gemv's fallback (its kernels take M <= 16)
         w = (torch.randn(8192, 4096, device=dev) * 0.5).to(torch.float8_e4m3fn)  # 32 MiB: the split path's size
         s = torch.rand(8192, device=dev) + 0.5
-        ops.warmup(shapes={"fp8_gemv": [(2, 64, 64)]})
+        ops.warmup(shapes={"fp8_gemv": [(32, 64, 64)]})
         print("split" if _fallbacks._fp8_split.get(0) is not None else "dequant")
         g, res = capture(lambda: ops.fp8_gemv(x, w, s))
         x.copy_(torch.randn_like(x)); g.replay(); torch.cuda.synchronize()
