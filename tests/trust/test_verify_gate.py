@@ -63,3 +63,32 @@ def test_a_wrong_gate_fails_naming_what(bug: str, words: str) -> None:
 def test_a_gate_that_writes_nothing_fails() -> None:
     res = check(lambda *a, **kw: None, 256, 1024, 8, 4, 8)
     assert not res.ok and "NaN" in res.error
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_warm_up_verifies_each_gate_instance_with_the_served_routers_selection(ok: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture after ``ops.warmup`` finds the gate's verdict (found on the H100: warm-up loaded the kernel, the capture then
+    refused it for want of a verdict): warm-up verifies each instance as a first eager call would, outside any capture."""
+    calls: list[tuple[Any, ...]] = []
+    plan = object()
+    monkeypatch.setattr(_gate, "route_gate", lambda t, m, n, k, *sel: (None, plan, "kernel"))
+    monkeypatch.setattr(_gate, "_kernel_for", lambda t, p, capturing: "kern")
+    monkeypatch.setattr(_gate, "_counter", lambda t, device, stream, capturing: 64)
+    monkeypatch.setattr(_gate._kernel, "raw_stream", lambda index: 7)
+
+    def verified_here(t: Any, p: Any, kern: Any, counter: int, stream: int, args: tuple[Any, ...], with_bias: bool,
+                      capturing: bool) -> bool:
+        calls.append((p, kern, counter, stream, args, with_bias, capturing))
+        return ok
+
+    monkeypatch.setattr(_gate, "_verified_here", verified_here)
+    table = type("T", (), {"index": 0, "strict": False})()
+    ready, failed = _gate.warm(table, "cuda:0", [(4, 256, 7168), (2, 128, 4096)])  # type: ignore[arg-type]
+    dsv3, qwen = MOE_GATE.router_for(256, 7168), MOE_GATE.router_for(128, 4096)
+    assert calls == [
+        (plan, "kern", 64, 7, (4, 256, 7168, dsv3.n_group, dsv3.topk_group, dsv3.top_k, _gate.RENORM, dsv3.scaling), True, False),
+        (plan, "kern", 64, 7, (2, 128, 4096, qwen.n_group, qwen.topk_group, qwen.top_k, _gate.RENORM | _gate.SOFTMAX, qwen.scaling),
+         False, False),
+    ]
+    assert (ready, failed) == ((2, []) if ok else (0, ["moe_gate M=4 N=256 K=7168 (failed verification)",
+                                                       "moe_gate M=2 N=128 K=4096 (failed verification)"]))

@@ -577,8 +577,8 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
         vkey = (id(plan), flags, bias is not None)
         if _verified.get(vkey) is not plan:  # verification on first use (ops._verify): once per instance and selection
-            if not _verified_here(t, plan, kern, counter, stream, (m, n, k, n_group, topk_group, top_k, flags, float(scaling)), bias,
-                                  capturing):
+            if not _verified_here(t, plan, kern, counter, stream, (m, n, k, n_group, topk_group, top_k, flags, float(scaling)),
+                                  bias is not None, capturing):
                 return None
             _verified[vkey] = plan
         ids = x.new_empty((m, top_k), dtype=_torch.int64)
@@ -624,7 +624,7 @@ def _selection_code(n_group: int, topk_group: int, top_k: int, flags: int) -> in
     return flags | (top_k << 8) | (topk_group << 16) | (n_group << 24)
 
 
-def _verified_here(t: _dispatch._Table, plan: Launch, kern: Any, counter: int, stream: int, args: tuple[Any, ...], bias: Any,
+def _verified_here(t: _dispatch._Table, plan: Launch, kern: Any, counter: int, stream: int, args: tuple[Any, ...], with_bias: bool,
                    capturing: bool) -> bool:
     """Verification on first use of one fused-gate instance (:mod:`hwprofile.ops._verify`): True if it may serve calls.
 
@@ -655,7 +655,7 @@ def _verified_here(t: _dispatch._Table, plan: Launch, kern: Any, counter: int, s
 
         def check() -> Any:
             res = check_instance(run, x_device=t.index, m=m, n=n, k=k, n_group=n_group, topk_group=topk_group, top_k=top_k,
-                                 flags=flags, scaling=scaling, with_bias=bias is not None)
+                                 flags=flags, scaling=scaling, with_bias=with_bias)
             return _verify.verdict(t, OP, plan, (m, n, k), code, res)
 
         v = _verify.fleet_once(t.prof, _verdicts.stamp(t.prof, OP, plan, (m, n, k), code), check)
@@ -736,7 +736,8 @@ def run_kernel(x: Any, w: Any, bias: Any, *, top_k: int, n_group: int, topk_grou
 
 
 def warm(t: _dispatch._Table, device: Any, shapes: list[tuple[int, int, int]]) -> tuple[int, list[str]]:
-    """Load the fused kernel for every shape the route sends to it, allocate the workspace: (instances ready, failures)."""
+    """Load and verify the fused kernel for every shape the route sends to it (with the served router's selection: a capture
+    after warm-up finds the verdict), allocate the workspace: (instances ready, failures)."""
     ready, failures = 0, []
     for m, n, k in shapes:
         router = MOE_GATE.router_for(n, k)
@@ -744,8 +745,15 @@ def warm(t: _dispatch._Table, device: Any, shapes: list[tuple[int, int, int]]) -
         if gate is not None:
             continue
         try:
-            _kernel_for(t, plan_, False)
-            _counter(t, device, _kernel.raw_stream(t.index), False)
+            kern, stream = _kernel_for(t, plan_, False), _kernel.raw_stream(t.index)
+            counter = _counter(t, device, stream, False)
+            # verified here, as a first eager call with the served router's selection would be: a capture after warm-up finds the
+            # verdict (it does not depend on the bias, which the check includes where the router's scoring takes one)
+            flags = (RENORM if router.renormalize else 0) | (SOFTMAX if router.scoring == "softmax" else 0)
+            args = (m, n, k, router.n_group, router.topk_group, router.top_k, flags, float(router.scaling))
+            if counter is None or not _verified_here(t, plan_, kern, counter, stream, args, router.scoring == "sigmoid", False):
+                failures.append(f"moe_gate M={m} N={n} K={k} (failed verification)")
+                continue
             ready += 1
         except KernelError as exc:
             if t.strict:
