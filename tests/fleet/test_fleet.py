@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import hwprofile
-from hwprofile import _env, _remote, tuning
+from hwprofile import _env, _remote, tuned_layers, tuning
 from hwprofile._redact import redact
 from hwprofile.errors import CacheError, SettingError
 from hwprofile.kernels import _pipeline, toolchain
@@ -314,7 +314,7 @@ def gb300(store: Server, monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_a_fresh_tuned_table_in_the_store_applies(gb300: Any, store: Server, tmp_path: Path) -> None:
     key = _remote.tuned_key(tuning.device_identity(gb300.device), "sm100", "router_gemm")
     table = tuned_table(gb300, tmp_path, date="2026-12-01")
-    store.client.set(key, tuning.encode_tuned(table))
+    store.client.set(key, tuned_layers.encode_tuned(table))
     hwprofile.reset()
     prof = hwprofile.profile(0)
     assert prof["router_gemm.model"] == tomllib.loads(table)["thresholds"]["router_gemm.model"] != gb300["router_gemm.model"]
@@ -325,7 +325,7 @@ def test_a_fresh_tuned_table_in_the_store_applies(gb300: Any, store: Server, tmp
 def test_a_stale_tuned_table_in_the_store_is_ignored_as_a_stale_file_is(gb300: Any, store: Server, tmp_path: Path,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
     key = _remote.tuned_key(tuning.device_identity(gb300.device), "sm100", "router_gemm")
-    store.client.set(key, tuning.encode_tuned(tuned_table(gb300, tmp_path)))  # measured against an older fallback
+    store.client.set(key, tuned_layers.encode_tuned(tuned_table(gb300, tmp_path)))  # measured against an older fallback
     hwprofile.reset()
     with caplog.at_level(logging.WARNING, logger="hwprofile"):
         prof = hwprofile.profile(0)
@@ -343,9 +343,9 @@ def test_a_poisoned_tuned_table_is_skipped_with_one_warning(poison: str, gb300: 
     text = tuned_table(gb300, tmp_path, date="2026-12-01")
     value = {
         "no magic": text.encode(),
-        "flipped byte": tuning.encode_tuned(text)[:-2] + b"9\n",
-        "another SKU's table": tuning.encode_tuned(text.replace("GB300", "GB200")),
-        "not TOML": tuning.encode_tuned("[stamp\n"),
+        "flipped byte": tuned_layers.encode_tuned(text)[:-2] + b"9\n",
+        "another SKU's table": tuned_layers.encode_tuned(text.replace("GB300", "GB200")),
+        "not TOML": tuned_layers.encode_tuned("[stamp\n"),
     }[poison]
     store.client.set(key, value)
     hwprofile.reset()
@@ -449,7 +449,7 @@ def test_a_table_published_after_this_profile_was_resolved_is_read_under_the_loc
     other = tmp_path / "other-host" / "router_gemm.toml"
     other.parent.mkdir()
     sweep.write(doc, other)
-    assert tuning.publish_tuned(gb300.device, "sm100", "router_gemm", other.read_text())
+    assert tuned_layers.publish_tuned(gb300.device, "sm100", "router_gemm", other.read_text())
     assert hwprofile.profile(0) is gb300  # resolved before the table was published: router_gemm still looks unmeasured
     timer = FakeTimer()
     result = hwprofile.tune(0, timer=timer, ops=["router_gemm"])

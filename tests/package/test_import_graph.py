@@ -315,3 +315,10 @@ def test_the_architecture_page_names_every_module() -> None:
     missing = [str(p.relative_to(pkg)) for p in sorted(pkg.rglob("*.py"))
                if p.stem != "__init__" and "/build/" not in str(p) and not re.search(rf"`[\w/]*\b{re.escape(p.stem)}(\.py)?\b", doc)]
     assert not missing, f"docs/architecture.md ('Modules') names no module {missing}: add a word on each"
+
+
+def test_no_module_is_over_900_lines() -> None:
+    """docs/architecture.md, "Bounds that hold": a module past 900 lines is split along its own sections, never let grow."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "core" / "src").rglob("*.py"))
+            if "/build/" not in str(p) and (n := len(p.read_text().splitlines())) > 900}
+    assert not long, long

@@ -4,7 +4,7 @@
 authentication: what redis-py's ``from_url`` takes) names it; the client, redis-py (the ``[remote]``
 extra: ``pip install './core[remote]'``, :func:`install`), is imported only then. This module moves bytes and holds locks; it never
 decides whether a value is good: callers verify every value exactly as they verify a file of theirs
-(:func:`hwprofile.kernels.cache.read_remote` through the cache's ``decode``, :func:`hwprofile.tuning.decode_tuned`
+(:func:`hwprofile.kernels.cache.read_remote` through the cache's ``decode``, :func:`hwprofile.tuned_layers.decode_tuned`
 through the tuned-file checks), and a value that fails is skipped with one warning.
 
 * **Keys** are versioned and namespaced (:data:`NAMESPACE`): ``hwprofile:1:cubin:<portable cache key>``

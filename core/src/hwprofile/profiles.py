@@ -453,7 +453,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
         if decl is not None:
             resolver.declare(decl, by=p.label, namespace=p.name, source=p.source)  # one plugin, one name in provenance
     check_environment(environ, (s.env_var for s in resolver.declared.values()))
-    from . import tuning
+    from . import tuned_layers, tuning
 
     staleness = tuning.Staleness(info, selection, kernels)
     participants = reg.participants(selection.plugin, "hwprofile_settings")
@@ -465,7 +465,7 @@ def build_profile(info: _device.DeviceInfo, reg: Registry, environ: Mapping[str,
             return staleness.shipped(key, stamp, who=who)
 
         resolver.add("arch" if p.arch else "downstream", p.source, values, who=who, check=shipped)
-    tuning.add_tuned_layers(resolver, info, staleness, environ)
+    tuned_layers.add_tuned_layers(resolver, info, staleness, environ)
     resolver.add_user_env(environ)
     settings = resolver.resolved()
     staleness.report(settings["strict"])  # after resolving: the one reading of strict is the setting's value

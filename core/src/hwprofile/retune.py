@@ -676,7 +676,7 @@ def _write_tuned(prof: Any, grids: dict[str, list[tuple[int, int, int]]], points
                  directory: Path, leader: bool, result: TuneResult) -> dict[str, Any]:
     """Fit and write each op's tuned file from the exchanged points (as ``hwprofile sweep`` does), into ``result``;
     ``{"error": None}``, or the error and the files written before it, for the exchange."""
-    from . import sweep, tuning
+    from . import sweep, tuned_layers
 
     mine: dict[str, Any] = {"error": None}
     try:
@@ -686,7 +686,7 @@ def _write_tuned(prof: Any, grids: dict[str, list[tuple[int, int, int]]], points
             sweep.write(doc, target)
             result.written.append(target)
             if leader and prof.plugin is not None:  # the other hosts of this SKU read it instead of tuning
-                tuning.publish_tuned(prof.device, prof.plugin.name, op, target.read_text(encoding="utf-8"))
+                tuned_layers.publish_tuned(prof.device, prof.plugin.name, op, target.read_text(encoding="utf-8"))
             result.changes[op] = {
                 key: (prof[key], value) for key, value in doc["thresholds"].items() if key in prof.settings and prof[key] != value
             }
