@@ -58,7 +58,9 @@ if TYPE_CHECKING:
         nvrtc_version,
     )
 
-#: the face: every name here is ``_pipeline``'s (tests/package/test_import_graph.py::test_kernels_face_is_the_pipelines)
+#: the face: ``_pipeline`` keeps no list of its own; the type checker's import above names the same names, as a
+#: test holds (tests/package/test_import_graph.py::test_kernels_face_is_the_pipelines; a star import there would be one
+#: list, but mypy resolves none across the package's import cycle, and every name then reads as ``object``)
 __all__ = [
     "MIN_NVRTC",
     "CompileForbiddenError",

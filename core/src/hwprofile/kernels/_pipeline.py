@@ -39,49 +39,23 @@ from .. import _env, _remote, _state
 from ..errors import HwprofileError, KernelError, ToolchainError
 from . import cache as kcache
 from . import toolchain
-from .launch import LoadedKernel, check_driver_for_nvrtc, driver_cuda_version
-from .spec import KernelSpec, Launch
-from .toolchain import (
-    MIN_NVRTC,
-    CompiledKernel,
-    CompileOptions,
-    check_target,
-    check_toolchain,
-    cuda_headers,
-    include_dirs,
-    nvrtc_archs,
-    nvrtc_version,
-)
 
-__all__ = [
-    "MIN_NVRTC",
-    "CompileForbiddenError",
-    "CompileOptions",
-    "CompileReport",
-    "CompiledKernel",
-    "KernelSpec",
-    "Launch",
-    "LoadedKernel",
-    "cache_dir",
-    "cache_enabled",
-    "cache_key",
-    "check_driver_for_nvrtc",
-    "check_target",
-    "check_toolchain",
-    "clear_cache",
-    "compile_all",
-    "compile_spec",
-    "counters",
-    "cuda_headers",
-    "driver_cuda_version",
-    "fill_layer",
-    "forbid_compile",
-    "include_dirs",
-    "load",
-    "loaded",
-    "nvrtc_archs",
-    "nvrtc_version",
-]
+# "X as X": names handed on to hwprofile.kernels' face (its __all__), whether or not this module uses them
+from .launch import LoadedKernel as LoadedKernel
+from .launch import check_driver_for_nvrtc as check_driver_for_nvrtc
+from .launch import driver_cuda_version as driver_cuda_version
+from .spec import KernelSpec as KernelSpec
+from .spec import Launch as Launch
+from .toolchain import MIN_NVRTC as MIN_NVRTC
+from .toolchain import CompiledKernel as CompiledKernel
+from .toolchain import CompileOptions as CompileOptions
+from .toolchain import check_target as check_target
+from .toolchain import check_toolchain as check_toolchain
+from .toolchain import cuda_headers as cuda_headers
+from .toolchain import include_dirs as include_dirs
+from .toolchain import nvrtc_archs as nvrtc_archs
+from .toolchain import nvrtc_version as nvrtc_version
+
 
 class CompileForbiddenError(KernelError):
     """A kernel had to be compiled after compiling was forbidden (:func:`forbid_compile`, ``HWPROFILE_NO_COMPILE=1``).
