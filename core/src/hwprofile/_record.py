@@ -28,6 +28,9 @@ only place outside this module that may; ``tests/package/test_record_idiom.py`` 
 
 What is a record and what is state: a value that is complete when constructed is a ``Record``;
 an accumulator filled in step by step (a report, counters) is state, a plain ``@dataclass`` or class.
+Two more kinds are not records, by design: the op table's declarations (``optable.OpDef``, ``GateDef``), built
+once at import and compared by identity (one object per op, which a by-value hash of 25 fields would only
+slow), and ``ops._route.Decision``, whose equality is its op, path and reason alone (its basis and times may differ).
 """
 
 from __future__ import annotations
