@@ -27,41 +27,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._pipeline import (
-        MIN_NVRTC,
-        CompiledKernel,
-        CompileForbiddenError,
-        CompileOptions,
-        CompileReport,
-        KernelSpec,
-        Launch,
-        LoadedKernel,
-        cache_dir,
-        cache_enabled,
-        cache_key,
-        check_driver_for_nvrtc,
-        check_target,
-        check_toolchain,
-        clear_cache,
-        compile_all,
-        compile_spec,
-        counters,
-        cuda_headers,
-        driver_cuda_version,
-        fill_layer,
-        forbid_compile,
-        include_dirs,
-        load,
-        loaded,
-        nvrtc_archs,
-        nvrtc_version,
-    )
+if TYPE_CHECKING:  # the type checker reads the face through _pipeline's own exports ("X as X" or defined there)
+    from ._pipeline import *  # noqa: F403
 
-#: the face: ``_pipeline`` keeps no list of its own; the type checker's import above names the same names, as a
-#: test holds (tests/package/test_import_graph.py::test_kernels_face_is_the_pipelines; a star import there would be one
-#: list, but mypy resolves none across the package's import cycle, and every name then reads as ``object``)
-__all__ = [
+#: the face, written once: each name is one that ``_pipeline`` defines or hands on, and nothing else of it is
+#: (tests/package/test_import_graph.py::test_kernels_face_is_the_pipelines)
+__all__ = [  # noqa: F405 - for the type checker, the names come from the star import above
     "MIN_NVRTC",
     "CompileForbiddenError",
     "CompileOptions",
@@ -70,6 +41,7 @@ __all__ = [
     "KernelSpec",
     "Launch",
     "LoadedKernel",
+    "Recorder",
     "cache_dir",
     "cache_enabled",
     "cache_key",

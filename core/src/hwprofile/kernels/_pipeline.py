@@ -116,14 +116,14 @@ def _why_forbidden() -> str | None:
     return f"{_env.NO_COMPILE.name}=1 is set" if _env.NO_COMPILE.read() else None
 
 
-def options_for(spec: KernelSpec, target: str) -> CompileOptions:
+def _options_for(spec: KernelSpec, target: str) -> CompileOptions:
     """The compile options of ``spec`` for ``target``: fixed include directories, then the spec's options."""
     return CompileOptions(target, include_dirs(), spec.nvrtc_options)
 
 
 def cache_key(spec: KernelSpec, target: str, expressions: Sequence[str]) -> str:
     """The cache key: a hash of every compile input (see :mod:`hwprofile.kernels.cache`)."""
-    return kcache.key_of(kcache.key_document(spec, options_for(spec, target), tuple(expressions)))
+    return kcache.key_of(kcache.key_document(spec, _options_for(spec, target), tuple(expressions)))
 
 
 def cache_enabled() -> bool:
@@ -178,7 +178,7 @@ def _note(record: Recorder | None, event: str, layer: str = "") -> None:
 
 
 def _compile(spec: KernelSpec, target: str, exprs: tuple[str, ...], what: str, record: Recorder | None = None) -> CompiledKernel:
-    options = options_for(spec, target)
+    options = _options_for(spec, target)
     doc = kcache.key_document(spec, options, exprs)
     key = kcache.key_of(doc)
     hit = _memo_compiled.get(key)
@@ -327,7 +327,7 @@ def fill_layer(work: Iterable[tuple[KernelSpec, str]], directory: Path) -> tuple
                 if kcache.read(fd, directory, c.key, target, (expr,)) is not None:
                     present += 1
                     continue
-                if not kcache.write(fd, directory, c, kcache.key_document(spec, options_for(spec, target), (expr,))):
+                if not kcache.write(fd, directory, c, kcache.key_document(spec, _options_for(spec, target), (expr,))):
                     raise CacheError(f"cannot write the kernel cache layer {directory} (see the warning above); choose another directory")
                 written += 1
     finally:
