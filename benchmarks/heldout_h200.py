@@ -41,6 +41,11 @@ TARGET_GEOMEAN = 1.03
 TARGET_WORST = 1.15
 
 
+def row_of(r: costmodel.Held) -> dict[str, object]:
+    """A held-out row for the JSON report: its fields and its regret."""
+    return {f: getattr(r, f) for f in r.__slots__} | {"regret": r.regret}
+
+
 class Cached:
     """Each shape measured once, whichever of the runs below asks for it."""
 
@@ -109,8 +114,7 @@ def main() -> int:
         ho = costmodel.holdout(op, train, test, {s: names[0].split()[0] for s, names in origins.items()})
         heldout_rows[op] = ho
         report["ops"][op] = {"lomo": costmodel.summary(lomo), "heldout": costmodel.summary(ho),
-                             "lomo_rows": [r._asdict() | {"regret": r.regret} for r in lomo],
-                             "heldout_rows": [r._asdict() | {"regret": r.regret} for r in ho]}
+                             "lomo_rows": [row_of(r) for r in lomo], "heldout_rows": [row_of(r) for r in ho]}
         for what, res in (("leave-one-model-out (catalog)", lomo), ("fit on the catalog, held-out file", ho)):
             sm = costmodel.summary(res)
             print(f"\n{op}, {what}: {sm['shapes']} shapes, geomean {sm['geomean']:.4f}, worst {sm['worst']:.3f} "

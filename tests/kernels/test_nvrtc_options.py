@@ -42,13 +42,26 @@ def test_compile_options_read_the_parsed_fields() -> None:
     assert not any(p in f for f in key for p in ("/a", "/b", "/x/", "/hw/", "/cuda/"))
 
 
+@pytest.mark.parametrize("options", ["-DX", (["-I", "/d"],), None, 3])
+def test_options_that_are_not_a_tuple_of_strings_are_an_error_naming_them(options: object) -> None:
+    spec = KernelSpec("toy", "toy", "k.cu", (), print, options=options)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="options must be a tuple of strings|options are strings"):
+        spec.nvrtc_options  # noqa: B018
+
+
+def test_compile_options_refuse_unparsed_strings() -> None:
+    with pytest.raises(TypeError, match=r"CompileOptions.extra must be parsed options \(spec.nvrtc_options"):
+        toolchain.CompileOptions("sm_90a", (), ("-O3",))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("options", "flag"), [
     (("-DX", "-I"), "'-I'"), (("--include-path=",), "'--include-path='"), (("--include-path",), "'--include-path'"),
     (("-include",), "'-include'"), (("--pre-include=",), "'--pre-include='"),
 ])
 def test_a_flag_without_its_value_is_an_error_naming_it(options: tuple[str, ...], flag: str) -> None:
-    with pytest.raises(ValueError, match=f"NVRTC option {flag} has no value: write "):
+    with pytest.raises(ValueError, match=f"NVRTC option {flag} has no value: write ") as e:
         parse_options(options)
+    assert ("--include-path=DIR" in str(e.value)) != ("--pre-include=HEADER" in str(e.value))  # a form that is read
 
 
 def test_a_non_string_option_is_an_error() -> None:

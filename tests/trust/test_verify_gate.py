@@ -89,6 +89,33 @@ def test_warm_up_verifies_each_gate_instance_with_the_served_routers_selection(o
         (plan, "kern", 64, 7, (4, 256, 7168, dsv3.n_group, dsv3.topk_group, dsv3.top_k, _gate.RENORM, dsv3.scaling), True, False),
         (plan, "kern", 64, 7, (2, 128, 4096, qwen.n_group, qwen.topk_group, qwen.top_k, _gate.RENORM | _gate.SOFTMAX, qwen.scaling),
          False, False),
-    ]
+    ]  # the flags a call with each router's selection computes (selection_flags), so its verdict is the one found
+    assert [c[4][6] for c in calls] == [_gate.selection_flags(r.renormalize, r.scoring) for r in (dsv3, qwen)]
     assert (ready, failed) == ((2, []) if ok else (0, ["moe_gate M=4 N=256 K=7168 (failed verification)",
                                                        "moe_gate M=2 N=128 K=4096 (failed verification)"]))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_fault_while_warm_up_verifies_is_that_instances_failure_not_an_escape(strict: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch or driver error in the verification launch (out of memory, say) ends as launch() ends it: one warning and
+    the torch path, or in strict mode a KernelError naming warm-up, never a bare RuntimeError out of ``ops.warmup``."""
+    from hwprofile.errors import KernelError
+
+    monkeypatch.setattr(_gate, "route_gate", lambda t, m, n, k, *sel: (None, object(), "kernel"))
+    monkeypatch.setattr(_gate, "_kernel_for", lambda t, p, capturing: "kern")
+    monkeypatch.setattr(_gate, "_counter", lambda t, device, stream, capturing: 64)
+    monkeypatch.setattr(_gate._kernel, "raw_stream", lambda index: 7)
+
+    def oom(*args: Any) -> bool:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(_gate, "_verified_here", oom)
+    monkeypatch.setattr(_gate, "failed", {})
+    table = type("T", (), {"index": 5, "strict": strict})()
+    if strict:
+        with pytest.raises(KernelError, match="warming the moe_gate kernel: RuntimeError: CUDA out of memory"):
+            _gate.warm(table, "cuda:5", [(4, 256, 7168)])  # type: ignore[arg-type]
+        return
+    with pytest.warns(RuntimeWarning, match="moe_gate kernel is unavailable on cuda:5.*CUDA out of memory"):
+        assert _gate.warm(table, "cuda:5", [(4, 256, 7168)]) == (0, ["moe_gate M=4 N=256 K=7168"])  # type: ignore[arg-type]
+    assert "out of memory" in _gate.failed[5]

@@ -127,7 +127,13 @@ class KernelSpec(Record):
     @property
     def nvrtc_options(self) -> NvrtcOptions:
         """``options``, parsed (once per distinct tuple): what the compile, the cache key and the digests read."""
-        return parse_options(tuple(self.options))
+        opts: object = self.options  # a plugin's value, checked: the annotation is a promise, not a guarantee
+        if isinstance(opts, (str, bytes)) or not isinstance(opts, (tuple, list)):
+            raise ValueError(f"options must be a tuple of strings, got {type(opts).__name__} {opts!r}")
+        bad = [o for o in opts if not isinstance(o, str)]
+        if bad:
+            raise ValueError(f"NVRTC option {bad[0]!r} is a {type(bad[0]).__name__}: options are strings")
+        return parse_options(tuple(opts))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -228,8 +234,8 @@ def parse_options(options: tuple[str, ...]) -> NvrtcOptions:
             portable.append(o)
             continue
         if not value:
-            what = "DIR" if flag in _INCLUDE_DIR else "HEADER"
-            raise ValueError(f"NVRTC option {o!r} has no value: write {flag} {what} or {flag}={what}".replace("-I=", "-I"))
+            what, long = ("DIR", "--include-path") if flag in _INCLUDE_DIR else ("HEADER", "--pre-include")
+            raise ValueError(f"NVRTC option {o!r} has no value: write {flag} {what} or {long}={what}")
         if flag in _INCLUDE_DIR:
             placeholder = f"<-I {len(dirs)}>"
             dirs.append(value)

@@ -167,6 +167,11 @@ class CompileOptions(Record):
     include_dirs: tuple[str, ...] = ()
     extra: NvrtcOptions = NO_OPTIONS
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.extra, NvrtcOptions):  # NVRTC option strings as given: parsed here, once
+            raise TypeError(f"CompileOptions.extra must be parsed options (spec.nvrtc_options or kernels.spec.parse_options(...)), "
+                            f"got {type(self.extra).__name__} {self.extra!r}")
+
     def flags(self) -> list[str]:
         """The option list handed to ``nvrtcCompileProgram``, in order."""
         return [f"--gpu-architecture={self.target}", *FIXED_FLAGS, *(f"-I{d}" for d in self.include_dirs), *self.extra.argv]

@@ -56,6 +56,13 @@ OP: Final = MOE_GATE.name
 ARG_TYPES: Final = (ctypes.c_void_p,) * 7 + (ctypes.c_int,) * 7 + (ctypes.c_float,)
 RENORM: Final = 1  # flags (hwprofile/moe_gate.cuh kRenorm, kSoftmax)
 SOFTMAX: Final = 2
+
+
+def selection_flags(renormalize: bool, scoring: str) -> int:
+    """The kernel's flags word for a selection: one place, so a call, warm-up and ``explain`` verify the same instance."""
+    return (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
+
+
 #: counter words per device: stream slots for eager launches, then one per launch captured into a graph
 COUNTER_SLOTS: Final = 1 << 16
 _STREAM_SLOTS: Final = 1 << 10
@@ -574,7 +581,7 @@ def launch(t: _dispatch._Table, plan: Launch, x: Any, w: Any, bias: Any, m: int,
         if kern is None or counter is None:
             _not_ready(t, m, n, k, "its kernel is not loaded" if kern is None else "its counter workspace is not allocated")
             return None
-        flags = (RENORM if renormalize else 0) | (SOFTMAX if scoring == "softmax" else 0)
+        flags = selection_flags(renormalize, scoring)
         vkey = (id(plan), flags, bias is not None)
         if _verified.get(vkey) is not plan:  # verification on first use (ops._verify): once per instance and selection
             if not _verified_here(t, plan, kern, counter, stream, (m, n, k, n_group, topk_group, top_k, flags, float(scaling)),
@@ -614,7 +621,7 @@ def verification_states(prof: Profile, m: int, n: int, k: int) -> list[str]:
     launch_plan, _ = plan(prof, m, n, k, r.n_group, r.topk_group, r.top_k, bool(prof["gemv.split_k"]))
     if launch_plan is None:
         return []
-    flags = (RENORM if r.renormalize else 0) | (SOFTMAX if r.scoring == "softmax" else 0)
+    flags = selection_flags(r.renormalize, r.scoring)
     state = _verify.state(prof, OP, launch_plan, (m, n, k), _selection_code(r.n_group, r.topk_group, r.top_k, flags))
     return [f"{state} (the selection of {r.name}: top_k={r.top_k}, n_group={r.n_group}, topk_group={r.topk_group})"]
 
@@ -749,15 +756,21 @@ def warm(t: _dispatch._Table, device: Any, shapes: list[tuple[int, int, int]]) -
             counter = _counter(t, device, stream, False)
             # verified here, as a first eager call with the served router's selection would be: a capture after warm-up finds the
             # verdict (it does not depend on the bias, which the check includes where the router's scoring takes one)
-            flags = (RENORM if router.renormalize else 0) | (SOFTMAX if router.scoring == "softmax" else 0)
-            args = (m, n, k, router.n_group, router.topk_group, router.top_k, flags, float(router.scaling))
-            if counter is None or not _verified_here(t, plan_, kern, counter, stream, args, router.scoring == "sigmoid", False):
+            args = (m, n, k, router.n_group, router.topk_group, router.top_k, selection_flags(router.renormalize, router.scoring),
+                    float(router.scaling))
+            if counter is None:
+                failures.append(f"moe_gate M={m} N={n} K={k} (its counter workspace is not allocated)")
+                continue
+            if not _verified_here(t, plan_, kern, counter, stream, args, router.scoring == "sigmoid", False):
                 failures.append(f"moe_gate M={m} N={n} K={k} (failed verification)")
                 continue
             ready += 1
-        except KernelError as exc:
+        except Exception as exc:  # as launch() does: a torch or driver fault while verifying is this instance's failure
+            err = exc if isinstance(exc, KernelError) else KernelError(f"warming the moe_gate kernel: {type(exc).__name__}: {exc}")
             if t.strict:
-                raise
-            _fail(t, str(exc))
+                if err is exc:
+                    raise
+                raise err from exc
+            _fail(t, str(err))
             failures.append(f"moe_gate M={m} N={n} K={k}")
     return ready, failures
