@@ -151,3 +151,16 @@ def test_profile_is_compared_by_identity(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(AttributeError, match="frozen"):
         a.fingerprint = "x"  # type: ignore[misc]
     assert a.fingerprint in repr(a)
+
+
+def test_a_read_only_mapping_field_is_read_only_after_pickling() -> None:
+    """mappingproxy does not pickle: it travels as a dict and is read-only again on arrival, __post_init__ or not."""
+    from types import MappingProxyType
+
+    spec = ArchSpec(MappingProxyType({(9, 0): "sm_90a"}), "Hopper")
+    back = pickle.loads(pickle.dumps(spec))
+    assert back == spec and isinstance(back.targets, MappingProxyType)
+    with pytest.raises(TypeError):
+        back.targets[(9, 0)] = "sm_90"  # type: ignore[index]
+    plain = ArchSpec({(9, 0): "sm_90a"})  # a plain dict stays what it was
+    assert type(pickle.loads(pickle.dumps(plain)).targets) is dict

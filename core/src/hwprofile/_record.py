@@ -201,9 +201,10 @@ class Record(metaclass=_RecordType):
         return f"{type(self).__name__}({fields})"
 
     def __reduce__(self) -> tuple[Any, tuple[object, ...]]:
-        # a read-only mapping field travels as a dict (mappingproxy does not pickle); __post_init__ re-wraps it
+        # a read-only mapping field travels as a dict (mappingproxy does not pickle) and is read-only again on arrival
         fields = {f: getattr(self, f) for f in self.__record_fields__}
-        return _rebuild, (type(self), {f: dict(v) if isinstance(v, MappingProxyType) else v for f, v in fields.items()})
+        proxied = tuple(f for f, v in fields.items() if isinstance(v, MappingProxyType))
+        return _rebuild, (type(self), {f: dict(v) if f in proxied else v for f, v in fields.items()}, proxied)
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied; ``__post_init__`` checks them as it checks any value."""
@@ -214,5 +215,10 @@ class Record(metaclass=_RecordType):
         return type(self)(**{f: changes.get(f, getattr(self, f)) for f in self.__record_fields__})
 
 
-def _rebuild(cls: type[Record], fields: dict[str, object]) -> Record:
-    return cls(**fields)
+def _rebuild(cls: type[Record], fields: dict[str, object], proxied: tuple[str, ...] = ()) -> Record:
+    rec = cls(**fields)
+    for f in proxied:  # a field its __post_init__ did not wrap again (most take the mapping as given)
+        value = getattr(rec, f)
+        if isinstance(value, dict):
+            _set(rec, f, MappingProxyType(value))
+    return rec
