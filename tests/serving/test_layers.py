@@ -25,6 +25,7 @@ from hwprofile.kernels import _pipeline as jit
 from hwprofile.kernels import cache as kcache
 from hwprofile.kernels import toolchain
 from hwprofile.kernels.spec import KernelSpec, Launch, parse_options
+from hwprofile.kernels.toolchain import CompiledKernel
 
 from .conftest import Seam
 from .toy_kernels import EXPR, toy_package
@@ -300,17 +301,23 @@ def _owned_by(monkeypatch: pytest.MonkeyPatch, uid: int, *paths: Path) -> None:
     monkeypatch.setattr(os, "fstat", fstat)
 
 
-@pytest.mark.parametrize("what", ["layer", "entry"])
-def test_a_read_layer_owned_by_another_user_is_refused_naming_the_owner(
-    what: str, toy: KernelSpec, seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """docs: a read-only layer may be root's instead of yours, never another user's (who could replace its cubins)."""
+def _read_only_layer(toy: KernelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, CompiledKernel]:
+    """A layer holding the toy kernel's entry, made read-only as a shared layer is: (its directory, the compiled kernel)."""
     shared = tmp_path / "shared"
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))
     c = jit.compile_spec(toy, "sm_90a")
     hwprofile.reset()
     os.chmod(shared, 0o755)
     os.chmod(shared / kcache.entry_name(c.key), 0o644)
+    return shared, c
+
+
+@pytest.mark.parametrize("what", ["layer", "entry"])
+def test_a_read_layer_owned_by_another_user_is_refused_naming_the_owner(
+    what: str, toy: KernelSpec, seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs: a read-only layer may be root's instead of yours, never another user's (who could replace its cubins)."""
+    shared, c = _read_only_layer(toy, tmp_path, monkeypatch)
     other = os.getuid() + 4242
     _owned_by(monkeypatch, other, shared if what == "layer" else shared / kcache.entry_name(c.key))
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", os.pathsep.join([str(shared), str(tmp_path / "mine")]))
@@ -325,12 +332,7 @@ def test_a_read_layer_owned_by_another_user_is_refused_naming_the_owner(
 
 
 def test_a_read_layer_owned_by_root_is_read(toy: KernelSpec, seam: Seam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    shared = tmp_path / "shared"
-    monkeypatch.setenv("HWPROFILE_CACHE_DIR", str(shared))
-    c = jit.compile_spec(toy, "sm_90a")
-    hwprofile.reset()
-    os.chmod(shared, 0o755)
-    os.chmod(shared / kcache.entry_name(c.key), 0o644)
+    shared, c = _read_only_layer(toy, tmp_path, monkeypatch)
     _owned_by(monkeypatch, 0, shared, shared / kcache.entry_name(c.key))
     monkeypatch.setenv("HWPROFILE_CACHE_DIR", os.pathsep.join([str(shared), str(tmp_path / "mine")]))
     hit = jit.compile_spec(toy, "sm_90a")
